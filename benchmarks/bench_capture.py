@@ -1,7 +1,8 @@
 """`make bench-capture`: capture throughput (prompt and generated tokens/s), batch 1 vs batched, side by side.
 
-Runs the same first N requests of a benchmark through `greedy_batch` at batch 1 and at --batch-size,
-checks the tokens are equal, and extrapolates the full-benchmark capture time from the measured
+Runs the same first N requests of a benchmark three ways: batch 1 with a fresh prefill each,
+batch 1 reusing the previous prompt's KV for a shared start, and continuous batching at
+--batch-size (with prefix reuse); checks the tokens are equal to batch 1, and extrapolates the full-benchmark capture time from the measured
 rates. Usage: python benchmarks/bench_capture.py [--bench apibank] [--model smollm2-135m] [--limit 16]
 [--batch-size 8] [--max-new-tokens N]
 """
@@ -52,16 +53,14 @@ def main(argv=None) -> int:
     with LayerTap(lm.model, lm.layer) as tap:
         rate_prefill = prefill_rate(lm, tap, prompts)
         t0 = time.perf_counter()
-        single = [greedy_batch(lm, tap, [p], max_new, info.stop_strings)[0] for p in prompts]
+        single = greedy_batch(lm, tap, prompts, max_new, info.stop_strings, batch_size=1)
         t_single = time.perf_counter() - t0
         t0 = time.perf_counter()
         prefix = PrefixCache()
-        reused = [greedy_batch(lm, tap, [p], max_new, info.stop_strings, prefix)[0] for p in prompts]
+        reused = greedy_batch(lm, tap, prompts, max_new, info.stop_strings, prefix, batch_size=1)
         t_reuse = time.perf_counter() - t0
         t0 = time.perf_counter()
-        batched = []
-        for i in range(0, len(prompts), args.batch_size):
-            batched += greedy_batch(lm, tap, prompts[i:i + args.batch_size], max_new, info.stop_strings)
+        batched = greedy_batch(lm, tap, prompts, max_new, info.stop_strings, PrefixCache(), batch_size=args.batch_size)
         t_batch = time.perf_counter() - t0
     gen = sum(len(g.tokens) for g in single)
     equal = sum(a.tokens == b.tokens for a, b in zip(single, batched))

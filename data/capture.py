@@ -9,12 +9,14 @@ runs alone. `reference` mode is teacher-forced: one forward over prompt + refere
 
 from __future__ import annotations
 
+import copy
 import datetime
 import hashlib
 import platform
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Iterable, Iterator
 
 import numpy as np
 import torch
@@ -31,7 +33,7 @@ class CaptureConfig:
     model: str = "smollm2-135m"
     limit: int | None = None  # first N requests in serving order; None = all
     max_new_tokens: int | None = None  # None = the benchmark's default (1024; HumanEval 512; ClassEval 2048)
-    batch_size: int = 1  # rows decoded together; tokens equal batch-1 greedy (tested)
+    batch_size: int = 1  # rows decoded together (continuous batching); tokens equal batch-1 greedy (tested)
     mode: str = "generate"  # generate | reference (teacher-forced over the benchmark's reference)
     out: str = "runs"
     force: bool = False  # overwrite a store made with other settings
@@ -39,7 +41,7 @@ class CaptureConfig:
     device: str | None = None
     layer: int | None = None  # default round(0.85 L)
     flush_every: int = 8  # requests per positions part file (the resume granularity)
-    prefix_reuse: bool = True  # batch 1: reuse the previous prompt's KV for a shared start (tested equal)
+    prefix_reuse: bool = True  # reuse the previous prompt's KV for a shared start (tested equal)
     progress: bool = True
 
 
@@ -68,12 +70,12 @@ def _stopped_by_string(tokenizer, tokens: list[int], stop_strings: tuple[str, ..
 
 @dataclass
 class PrefixCache:
-    """The previous batch-1 prompt's KV cache, reused when the next prompt starts the same way
+    """The previous prompt's KV cache, reused when the next prompt starts the same way
     (successive turns of a dialogue share everything but the newest turn)."""
 
     tokens: list[int] = field(default_factory=list)
     cache: object = None
-    min_reuse: int = 16  # shorter shared prefixes are not worth a cache copy
+    min_reuse: int = 16  # shorter shared prefixes are not worth it
     reused_tokens: int = 0  # prompt tokens not recomputed so far
 
 
@@ -89,53 +91,126 @@ def _cache_len(cache) -> int:
     return int(cache.get_seq_length())
 
 
-@torch.no_grad()
-def greedy_batch(lm: LoadedModel, tap: LayerTap, prompts: list[list[int]], max_new_tokens: int,
-                 stop_strings: tuple[str, ...] = (), prefix: PrefixCache | None = None) -> list[Generated]:
-    """Greedy decoding of several prompts together; each row's tokens equal its batch-1 decoding.
+@dataclass
+class _Row:
+    """One request being decoded: its output so far and the logits that choose its next token."""
 
-    With `prefix` (batch 1 only) the shared start of the previous prompt is not recomputed.
-    """
+    index: int
+    prompt: list[int]
+    logits: torch.Tensor  # [V] next-token logits
+    result: Generated
+    hiddens: list = field(default_factory=list)
+    topks: list = field(default_factory=list)
+    t0: float = 0.0
+
+
+@torch.no_grad()
+def _prefill(lm: LoadedModel, tap: LayerTap, index: int, prompt: list[int], prefix: PrefixCache | None):
+    """Batch-1 forward over one prompt (reusing the previous prompt's shared start); returns its cache and row."""
     from transformers import DynamicCache
 
-    dev, n = lm.device, len(prompts)
     t0 = time.perf_counter()
-    width = max(len(p) for p in prompts)
-    ids = torch.zeros((n, width), dtype=torch.long)
-    mask = torch.zeros((n, width), dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        mask[i, width - len(p):] = 1
-    ids, mask = ids.to(dev), mask.to(dev)
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
     reuse = 0
-    if prefix is not None and n == 1 and prefix.cache is not None:
-        reuse = min(common_prefix_len(prefix.tokens, prompts[0]), width - 1)  # >= 1 token to compute
-        if reuse < prefix.min_reuse:
-            reuse = 0
+    if prefix is not None and prefix.cache is not None:
+        reuse = min(common_prefix_len(prefix.tokens, prompt), len(prompt) - 1)  # >= 1 token to compute
+        reuse = reuse if reuse >= prefix.min_reuse else 0
     if reuse:
         cache = prefix.cache
         cache.crop(reuse - _cache_len(cache))
         prefix.reused_tokens += reuse
     else:
         cache = DynamicCache()
-    out = lm.model(input_ids=ids[:, reuse:], attention_mask=mask, position_ids=positions[:, reuse:],
-                   past_key_values=cache, use_cache=True, logits_to_keep=1)
-    logits = out.logits[:, -1].float()
-    state = tap.take()[:, -1].float()
-    results = [Generated([], np.zeros((0, lm.d_model)), np.zeros(0, bool), np.zeros((0, TOPK)),
-                         state[i].cpu().numpy(), logits[i].topk(TOPK).indices.cpu().numpy(), "")
-               for i in range(n)]
-    hiddens: list[list[np.ndarray]] = [[] for _ in range(n)]
-    topks: list[list[np.ndarray]] = [[] for _ in range(n)]
-    live = list(range(n))  # batch row -> request index
-    next_pos = positions[:, -1] + 1
-    while live:
-        nxt = logits.argmax(-1)
+    ids = torch.tensor([prompt[reuse:]], device=lm.device)
+    pos = torch.arange(reuse, len(prompt), device=lm.device)[None]
+    out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    logits = out.logits[0, -1].float()
+    state = tap.take()[0, -1].float().cpu().numpy()
+    if prefix is not None:
+        prefix.tokens, prefix.cache = list(prompt), cache
+    res = Generated([], np.zeros((0, lm.d_model)), np.zeros(0, bool), np.zeros((0, TOPK)),
+                    state, logits.topk(TOPK).indices.cpu().numpy(), "")
+    return cache, _Row(index, list(prompt), logits, res, t0=t0)
+
+
+def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
+    """Pad a [B, H, T, D] cache tensor with n zero columns on the left (masked out)."""
+    if n == 0:
+        return t
+    return torch.cat([t.new_zeros(t.shape[:2] + (n,) + t.shape[3:]), t], dim=2)
+
+
+def _admit(cache, mask, row_cache, row_len: int):
+    """Append a batch-1 cache as a new row of the batch cache, left-padding whichever side is shorter."""
+    if cache is None:
+        cache = copy.deepcopy(row_cache)  # the row's cache stays the prefix cache; the batch owns a copy
+        return cache, torch.ones((1, row_len), dtype=torch.long, device=mask_device(row_cache))
+    width = mask.shape[1]
+    grow = max(0, row_len - width)
+    for layer, new in zip(cache.layers, row_cache.layers):
+        layer.keys = torch.cat([_left_pad(layer.keys, grow), _left_pad(new.keys, width + grow - row_len)], dim=0)
+        layer.values = torch.cat([_left_pad(layer.values, grow), _left_pad(new.values, width + grow - row_len)], dim=0)
+    mask = torch.cat([mask.new_zeros((mask.shape[0], grow)), mask], dim=1)
+    new_row = mask.new_zeros((1, width + grow))
+    new_row[0, width + grow - row_len:] = 1
+    return cache, torch.cat([mask, new_row], dim=0)
+
+
+def mask_device(cache) -> torch.device:
+    return cache.layers[0].keys.device
+
+
+def _select_rows(cache, mask, keep: list[int]):
+    """Keep the batch rows `keep`, and drop the leading columns that are padding in every kept row."""
+    sel = torch.tensor(keep, device=mask.device)
+    mask = mask[sel]
+    first = int(mask.any(0).nonzero()[0, 0])
+    for layer in cache.layers:
+        layer.keys = layer.keys[sel][:, :, first:]
+        layer.values = layer.values[sel][:, :, first:]
+    return cache, mask[:, first:]
+
+
+def _finish(lm: LoadedModel, row: _Row) -> Generated:
+    res, k = row.result, len(row.result.tokens)
+    res.hidden = np.zeros((k, lm.d_model), np.float32)
+    res.topk = np.zeros((k, TOPK), np.int64)
+    if row.hiddens:
+        res.hidden[:len(row.hiddens)] = np.stack(row.hiddens)
+        res.topk[:len(row.topks)] = np.stack(row.topks)
+    res.hidden_valid = np.arange(k) < len(row.hiddens)
+    res.seconds = time.perf_counter() - row.t0
+    return res
+
+
+@torch.no_grad()
+def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], max_new_tokens: int,
+                  stop_strings: tuple[str, ...] = (), batch_size: int = 1,
+                  prefix: PrefixCache | None = None) -> Iterator[tuple[int, Generated]]:
+    """Greedy decoding with continuous batching; yields (prompt index, result) as requests finish.
+
+    Each prompt is prefilled alone (reusing the previous prompt's KV where they share a start),
+    then joins the decoding batch as a left-padded row; a finished row leaves and the next prompt
+    takes its place. Every row's tokens equal its batch-1 greedy decoding (tested).
+    """
+    pending = iter(enumerate(prompts))
+    rows: list[_Row] = []
+    cache, mask = None, None
+    exhausted = False
+    while True:
+        while not exhausted and len(rows) < batch_size:  # admit new requests
+            nxt = next(pending, None)
+            if nxt is None:
+                exhausted = True
+                break
+            row_cache, row = _prefill(lm, tap, nxt[0], nxt[1], prefix)
+            cache, mask = _admit(cache, mask, row_cache, len(row.prompt))
+            rows.append(row)
+        if not rows:
+            return
         keep = []
-        for row, i in enumerate(live):
-            tok = int(nxt[row])
-            res = results[i]
+        for b, row in enumerate(rows):  # choose every row's next token; stop finished rows
+            tok = int(row.logits.argmax())
+            res = row.result
             res.tokens.append(tok)
             if tok in lm.eos_ids:
                 res.stop_reason = "eos"
@@ -144,39 +219,36 @@ def greedy_batch(lm: LoadedModel, tap: LayerTap, prompts: list[list[int]], max_n
             elif len(res.tokens) >= max_new_tokens:
                 res.stop_reason = "length"
             else:
-                keep.append(row)
-                continue
-            res.seconds = time.perf_counter() - t0
+                keep.append(b)
+        for b, row in enumerate(rows):
+            if b not in keep:
+                yield row.index, _finish(lm, row)
         if not keep:
-            break
-        if len(keep) < len(live):  # drop finished rows from the cache
-            sel = torch.tensor(keep, device=dev)
-            cache.batch_select_indices(sel)
-            mask, next_pos, nxt = mask[sel], next_pos[sel], nxt[sel]
-            live = [live[r] for r in keep]
-        mask = torch.cat([mask, torch.ones((len(live), 1), dtype=mask.dtype, device=dev)], dim=1)
-        out = lm.model(input_ids=nxt[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                       past_key_values=cache, use_cache=True)
-        next_pos = next_pos + 1
+            rows, cache, mask = [], None, None
+            continue
+        if len(keep) < len(rows):
+            cache, mask = _select_rows(cache, mask, keep)
+            rows = [rows[b] for b in keep]
+        ids = torch.tensor([[row.result.tokens[-1]] for row in rows], device=lm.device)
+        pos = torch.tensor([[len(row.prompt) + len(row.result.tokens) - 1] for row in rows], device=lm.device)
+        mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
         logits = out.logits[:, -1].float()
-        state = tap.take()[:, -1].float().cpu().numpy()
+        states = tap.take()[:, -1].float().cpu().numpy()
         top = logits.topk(TOPK).indices.cpu().numpy()
-        for row, i in enumerate(live):
-            hiddens[i].append(state[row])
-            topks[i].append(top[row])
-    if prefix is not None and n == 1:
-        cache.crop(width - _cache_len(cache))  # keep exactly the prompt's KV for the next request
-        prefix.tokens, prefix.cache = list(prompts[0]), cache
-    for i, res in enumerate(results):
-        k = len(res.tokens)
-        h = np.zeros((k, lm.d_model), np.float32)
-        tk = np.zeros((k, TOPK), np.int64)
-        if hiddens[i]:
-            h[:len(hiddens[i])] = np.stack(hiddens[i])
-            tk[:len(topks[i])] = np.stack(topks[i])
-        res.hidden, res.topk = h, tk
-        res.hidden_valid = np.arange(k) < len(hiddens[i])
-    return results
+        for b, row in enumerate(rows):
+            row.logits = logits[b]
+            row.hiddens.append(states[b])
+            row.topks.append(top[b])
+
+
+def greedy_batch(lm: LoadedModel, tap: LayerTap, prompts: list[list[int]], max_new_tokens: int,
+                 stop_strings: tuple[str, ...] = (), prefix: PrefixCache | None = None,
+                 batch_size: int | None = None) -> list[Generated]:
+    """Greedy decoding of a list of prompts (all in one batch unless batch_size says otherwise), in order."""
+    out: dict[int, Generated] = dict(greedy_stream(lm, tap, prompts, max_new_tokens, stop_strings,
+                                                   batch_size or len(prompts), prefix))
+    return [out[i] for i in range(len(prompts))]
 
 
 @torch.no_grad()
@@ -255,29 +327,32 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     bar = tqdm(total=len(requests), initial=start, unit="req", desc=f"capture {cfg.bench}",
                disable=not cfg.progress, dynamic_ncols=True)
     tokens_done, t_start = 0, time.perf_counter()
-    pending: list[TraceRecord] = []
-    prefix = PrefixCache() if cfg.prefix_reuse and cfg.batch_size == 1 else None
+    todo = requests[start:]
+    prompts = [encode_prompt(lm, r.messages) for r in todo]
+    finished: dict[int, Generated] = {}  # completed out of order, committed in serving order
+    committed, pending = 0, []
+    prefix = PrefixCache() if cfg.prefix_reuse else None
     with LayerTap(lm.model, lm.layer) as tap:
-        i = start
-        while i < len(requests):
-            chunk = requests[i:i + (cfg.batch_size if cfg.mode == "generate" else 1)]
-            prompts = [encode_prompt(lm, r.messages) for r in chunk]
-            if cfg.mode == "generate":
-                gens = greedy_batch(lm, tap, prompts, max_new, info.stop_strings, prefix)
-            else:
-                gens = [teacher_forced(lm, tap, prompts[0], reference_tokens(lm, chunk[0]))]
-            for k, (req, prompt, g) in enumerate(zip(chunk, prompts, gens)):
+        if cfg.mode == "generate":
+            results = greedy_stream(lm, tap, prompts, max_new, info.stop_strings, cfg.batch_size, prefix)
+        else:
+            results = ((k, teacher_forced(lm, tap, p, reference_tokens(lm, r)))
+                       for k, (r, p) in enumerate(zip(todo, prompts)))
+        for k, gen in results:
+            finished[k] = gen
+            tokens_done += len(gen.tokens)
+            while committed in finished:
+                g, req, prompt = finished.pop(committed), todo[committed], prompts[committed]
                 pending.append(TraceRecord(
-                    request=i + k, id=req.id, group=req.group, prompt_hash=prompt_hash(prompt),
+                    request=start + committed, id=req.id, group=req.group, prompt_hash=prompt_hash(prompt),
                     prompt_tokens=prompt, output_tokens=g.tokens, stop_reason=g.stop_reason,
                     seconds=g.seconds, hidden=g.hidden, hidden_valid=g.hidden_valid, topk=g.topk,
                     prompt_last_hidden=g.prompt_last_hidden, prompt_last_topk=g.prompt_last_topk))
-                tokens_done += len(g.tokens)
-            i += len(chunk)
-            if len(pending) >= cfg.flush_every or i >= len(requests):
-                writer.append(pending)
-                pending = []
-            bar.update(len(chunk))
+                committed += 1
+                if len(pending) >= cfg.flush_every or committed == len(todo):
+                    writer.append(pending)
+                    pending = []
+            bar.update(1)
             bar.set_postfix(tok_s=f"{tokens_done / max(1e-9, time.perf_counter() - t_start):.1f}")
     bar.close()
     writer.finish(limit=cfg.limit, seconds_total=writer.meta.get("seconds_total", 0.0) + time.perf_counter() - t_start)

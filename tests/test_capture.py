@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture import CaptureConfig, capture, greedy_batch
+from data.capture import CaptureConfig, PrefixCache, capture, greedy_batch
 from data.errors import OilbirdError
 from data.models import LayerTap, default_capture_layer, encode_prompt, load_model
 from data.store import open_store
@@ -62,8 +63,17 @@ def test_batched_equals_batch1(kind, stories, tiny_dirs):
     lm = stories if kind == "stories" else load_model(tiny_dirs[kind])
     prompts = [lm.tokenizer(t)["input_ids"] for t in STORY_PROMPTS]
     with LayerTap(lm.model, lm.layer) as tap:
-        single = [greedy_batch(lm, tap, [p], 30)[0] for p in prompts]
-        batch = greedy_batch(lm, tap, prompts, 30)
+        free = [greedy_batch(lm, tap, [p], 30)[0] for p in prompts]
+        # an extra stop token seen mid-output makes rows finish at different steps, so new rows join mid-batch
+        early = dataclasses.replace(lm, eos_ids=lm.eos_ids | {free[1].tokens[5]})
+        for model in (lm, early):
+            single = [greedy_batch(model, tap, [p], 30)[0] for p in prompts]
+            for width in (3, len(prompts)):
+                _assert_same(single, greedy_batch(model, tap, prompts, 30, batch_size=width))
+    assert len({len(g.tokens) for g in single}) > 1
+
+
+def _assert_same(single, batch):
     for s, b in zip(single, batch):
         assert s.tokens == b.tokens and s.stop_reason == b.stop_reason
         np.testing.assert_array_equal(s.topk, b.topk)
@@ -72,8 +82,8 @@ def test_batched_equals_batch1(kind, stories, tiny_dirs):
 
 def test_capture_batched_store_equals_batch1_store(stories, tmp_path):
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS)
-    a = open_store(capture(_cfg(bench, tmp_path / "a"), lm=stories))
-    b = open_store(capture(_cfg(bench, tmp_path / "b", batch_size=4), lm=stories))
+    b = open_store(capture(_cfg(bench, tmp_path / "b", batch_size=4, max_new_tokens=60), lm=stories))
+    a = open_store(capture(_cfg(bench, tmp_path / "a2", max_new_tokens=60, prefix_reuse=False), lm=stories))
     assert a.positions.equals(b.positions)
     assert a.requests["output_tokens"].to_list() == b.requests["output_tokens"].to_list()
     np.testing.assert_array_equal(a.topk, b.topk)
@@ -82,6 +92,12 @@ def test_capture_batched_store_equals_batch1_store(stories, tmp_path):
 def test_prefix_reuse_equals_fresh_prefill(stories, tmp_path):
     prompts = STORY_PROMPTS[:3] + [STORY_PROMPTS[0] + " She had a cat.", STORY_PROMPTS[0] + " She had a dog named Max."]
     bench = write_jsonl(tmp_path / "b.jsonl", prompts)
+    with LayerTap(stories.model, stories.layer) as tap:
+        prefix = PrefixCache()
+        encoded = [stories.tokenizer(p)["input_ids"] for p in prompts]
+        reused_direct = greedy_batch(stories, tap, encoded, 40, (), prefix, batch_size=1)
+        assert prefix.reused_tokens >= 2 * len(encoded[0]) - 2  # requests 2, 3 and 4 reuse request 0's start
+        assert [g.tokens for g in reused_direct] == [g.tokens for g in greedy_batch(stories, tap, encoded, 40, batch_size=1)]
     fresh = open_store(capture(_cfg(bench, tmp_path / "a", prefix_reuse=False), lm=stories))
     reused = open_store(capture(_cfg(bench, tmp_path / "b", prefix_reuse=True), lm=stories))
     assert fresh.positions.equals(reused.positions)
@@ -109,7 +125,7 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
 
     import data.capture as cap
 
-    real, calls = cap.greedy_batch, {"n": 0}
+    real, calls = cap._prefill, {"n": 0}
 
     def crashing(*a, **k):
         calls["n"] += 1
@@ -117,10 +133,9 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(cap, "greedy_batch", crashing)
+    monkeypatch.setattr(cap, "_prefill", crashing)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(bench, tmp_path / "crash", flush_every=2), lm=stories)
-    path = tmp_path / "crash" / "jsonl_" / "stories260k" / "traces"
     path = next((tmp_path / "crash").rglob("traces"))
     with pytest.raises(OilbirdError, match="incomplete"):
         open_store(path)
@@ -139,7 +154,7 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
                 raise KeyboardInterrupt
         return real_write(p, table)
 
-    monkeypatch.setattr(cap, "greedy_batch", real)
+    monkeypatch.setattr(cap, "_prefill", real)
     monkeypatch.setattr(store_mod, "atomic_write_table", failing_write)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(bench, tmp_path / "crash", flush_every=2), lm=stories)
