@@ -11,7 +11,7 @@ MODEL  ?= smollm2-135m
 OUT    ?= runs
 ARGS   ?=
 
-.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-decode bench-oilbird clean
+.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode clean
 
 install: $(STAMP)
 
@@ -47,7 +47,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow tests
 
-bench: bench-capture bench-census bench-decode bench-oilbird
+bench: bench-capture bench-census bench-reports bench-decode
 
 bench-capture: $(STAMP)
 	$(PY) benchmarks/bench_capture.py $(ARGS)
@@ -55,11 +55,11 @@ bench-capture: $(STAMP)
 bench-census: $(STAMP)
 	$(PY) benchmarks/bench_census.py $(ARGS)
 
+bench-reports: $(STAMP)
+	$(PY) benchmarks/bench_reports.py $(ARGS)
+
 bench-decode: $(STAMP)
 	$(PY) benchmarks/bench_decode.py $(ARGS)
-
-bench-oilbird: $(STAMP)
-	$(PY) benchmarks/bench_oilbird.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,0 +1,37 @@
+"""`python -m reports [--runs runs] [--out reports/html]`: render every census and decoder result as HTML."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from data.errors import OilbirdError, cli_entry
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m reports",
+        description="Render every census and decoder result under RUNS into self-contained HTML pages: "
+                    "index.html, one page per (benchmark, model), and grid.html across benchmarks.")
+    p.add_argument("--runs", default="runs", help="results root (default runs/)")
+    p.add_argument("--out", default="reports/html", help="output folder (default reports/html/)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+
+    from reports.render import render_site, write_site
+    from reports.results import find_results
+
+    results = find_results(Path(args.runs))
+    if not results:
+        raise OilbirdError(f"no census or decoder results under {args.runs}/: run `make census BENCH=apibank` "
+                           "(or `python -m census` / `python -m decoder`) first")
+    pages = render_site(results, progress=not args.quiet)
+    write_site(Path(args.out), pages)
+    print(f"wrote {len(pages)} pages to {args.out}/: open {Path(args.out) / 'index.html'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

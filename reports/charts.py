@@ -1,0 +1,197 @@
+"""Charts for the HTML reports: matplotlib figures returned as inline SVG strings.
+
+Figures are built with the object API (matplotlib.figure.Figure, no pyplot), so no GUI backend
+is ever involved and importing this module changes no global matplotlib state. Every chart is deterministic (fixed `svg.hashsalt`, no Date metadata), carries no network
+reference (the XML prolog, DOCTYPE and xmlns attributes are dropped: an <svg> inside HTML needs
+none of them), and its element ids are prefixed with the chart's name so that several charts can
+share one page. Text stays text (`svg.fonttype = none`): small, selectable, printable.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+import re
+
+import matplotlib
+import numpy as np
+from matplotlib.figure import Figure
+
+# Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
+BLUE, ORANGE, GREEN, VERMILION, GREY, SKY, PURPLE = ("#0072B2", "#E69F00", "#009E73", "#D55E00",
+                                                     "#888888", "#56B4E9", "#CC79A7")
+RC = {
+    "svg.fonttype": "none",
+    "text.parse_math": False,  # labels come from data (benchmark, source names): no $...$ math
+    "font.size": 9,
+    "axes.spines.top": False,
+    "axes.spines.right": False,
+    "axes.grid": True,
+    "grid.alpha": 0.3,
+    "figure.dpi": 96,
+}
+_ID = re.compile(r'(\bid="|url\(#|href="#)')
+
+
+def to_svg(fig, name: str, title: str) -> str:
+    """Return the SVG of `fig` as an element for inline HTML: ids prefixed with `name`,
+    no prolog and no namespace URLs, scaling to its container."""
+    buf = io.StringIO()
+    with matplotlib.rc_context({"svg.hashsalt": f"oilbird-{name}"}):
+        fig.savefig(buf, format="svg", bbox_inches="tight",
+                    metadata={"Date": None, "Creator": None, "Format": None, "Type": None})
+    svg = buf.getvalue()
+    svg = svg[svg.index("<svg"):]
+    head_end = svg.index(">") + 1
+    head = svg[:head_end]
+    width = re.search(r'width="([\d.]+)pt"', head)
+    max_px = round(float(width.group(1)) * 4 / 3) if width else 720
+    view_box = re.search(r'viewBox="([^"]+)"', head)
+    new_head = (f'<svg class="chart" role="img" aria-label="{_attr(title)}" '
+                f'viewBox="{view_box.group(1) if view_box else "0 0 720 360"}" '
+                f'style="max-width:{max_px}px" version="1.1">')
+    body = _ID.sub(lambda m: m.group(1) + f"{name}-", svg[head_end:])
+    return new_head + f"<title>{_attr(title)}</title>" + body
+
+
+def _attr(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _figure(width: float = 7.0, height: float = 3.2, ncols: int = 1, **kw):
+    """A figure and its axes; call inside `matplotlib.rc_context(RC)`."""
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots(1, ncols, **kw)
+
+
+def coverage_chart(keys: list[str], reaches: list[float], only: list[float | None], name: str = "coverage") -> str:
+    """Horizontal bars per key: % of available positions it reaches, and % only it reaches."""
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 0.55 * len(keys) + 1.0)
+        y = np.arange(len(keys))
+        ax.barh(y - 0.2, reaches, height=0.4, color=BLUE, label="reaches")
+        only_vals = [np.nan if v is None else v for v in only]
+        ax.barh(y + 0.2, only_vals, height=0.4, color=ORANGE, label="only it")
+        for yi, v in zip(y, reaches):
+            ax.annotate(f"{v:.1f}", (v, yi - 0.2), xytext=(3, 0), textcoords="offset points", va="center", fontsize=8)
+        for yi, v in zip(y, only_vals):
+            if not np.isnan(v):
+                ax.annotate(f"{v:.1f}", (v, yi + 0.2), xytext=(3, 0), textcoords="offset points", va="center",
+                            fontsize=8)
+        ax.set_yticks(y, keys)
+        ax.invert_yaxis()
+        ax.set_xlim(0, 105)
+        ax.set_xlabel("% of available positions")
+        ax.legend(loc="lower right", frameon=False)
+        return to_svg(fig, name, "reaches and only-it per key, % of available positions")
+
+
+def cliff_chart(success_len: np.ndarray, gap_len: np.ndarray, cap: int = 16, name: str = "cliff") -> str:
+    """Share of each population by matched context length; lengths at or above `cap` share the last bar."""
+    bins = np.arange(cap + 1)
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 3.0)
+        for values, color, label, shift in ((success_len, BLUE, "oracle successes", -0.2),
+                                            (gap_len, VERMILION, "gap positions", 0.2)):
+            values = np.clip(np.asarray(values, dtype=np.int64), 0, cap)
+            share = 100.0 * np.bincount(values, minlength=cap + 1) / max(1, len(values))
+            ax.bar(bins + shift, share, width=0.4, color=color, label=f"{label}, n={len(values):,}")
+        ax.set_xticks(bins, [str(b) for b in bins[:-1]] + [f"{cap}+"])
+        ax.set_xlabel("longest context suffix found in the pool, tokens")
+        ax.set_ylabel("% of the population")
+        ax.legend(frameon=False, loc="upper center")
+        return to_svg(fig, name, "matched context length at oracle successes and at gap positions")
+
+
+def rate_bars(labels: list[str], rates: list[float], lows: list[float], highs: list[float],
+              xlabel: str, name: str, color_first: str = VERMILION) -> str:
+    """Horizontal bars of percentages with interval whiskers (one bar per label)."""
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 0.5 * len(labels) + 0.9)
+        y = np.arange(len(labels))
+        r = np.asarray(rates, dtype=float)
+        err = np.vstack([r - np.asarray(lows, dtype=float), np.asarray(highs, dtype=float) - r])
+        colors = [color_first] + [GREY] * (len(labels) - 1)
+        ax.barh(y, r, xerr=np.clip(err, 0, None), color=colors, height=0.6, capsize=3)
+        for yi, v, hi in zip(y, r, highs):
+            ax.annotate(f"{v:.1f}%", (hi, yi), xytext=(4, 0), textcoords="offset points", va="center", fontsize=8)
+        ax.set_yticks(y, labels)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(5.0, float(np.nanmax(highs)) * 1.25 if len(highs) else 5.0))
+        ax.set_xlabel(xlabel)
+        return to_svg(fig, name, xlabel)
+
+
+def threshold_chart(thresholds: np.ndarray, recall: np.ndarray, default: float, name: str = "threshold") -> str:
+    """Semantic recall over gap positions against the cosine threshold, the default marked."""
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 3.0)
+        ax.plot(thresholds, recall, color=GREEN, lw=2)
+        at_default = float(np.interp(default, thresholds, recall))
+        ax.axvline(default, color=GREY, ls="--", lw=1)
+        ax.plot([default], [at_default], "o", color=VERMILION)
+        ax.annotate(f"default {default:g}: {at_default:.1f}%", (default, at_default), xytext=(6, 8),
+                    textcoords="offset points", color=VERMILION)
+        ax.set_xlim(float(thresholds[0]), float(thresholds[-1]))
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("cosine threshold on the best neighbour")
+        ax.set_ylabel("recall, % of gap positions")
+        return to_svg(fig, name, "semantic-key recall against the cosine threshold")
+
+
+def arm_chart(arms: list[str], tau: list[float], speedup: list[float | None], name: str = "arms") -> str:
+    """tau and speedup per decoder arm, side by side."""
+    with matplotlib.rc_context(RC):
+        fig, (a1, a2) = _figure(7.0, 0.45 * len(arms) + 1.0, ncols=2, sharey=True)
+        y = np.arange(len(arms))
+        for ax, values, color, label in ((a1, tau, BLUE, "tau (tokens per verification pass)"),
+                                         (a2, speedup, GREEN, "speedup over ar")):
+            vals = np.array([np.nan if v is None else v for v in values], dtype=float)
+            ax.barh(y, vals, color=color, height=0.6)
+            for yi, v in zip(y, vals):
+                if not np.isnan(v):
+                    ax.annotate(f"{v:.2f}", (v, yi), xytext=(3, 0), textcoords="offset points", va="center",
+                                fontsize=8)
+            ax.set_xlabel(label)
+            finite = vals[~np.isnan(vals)]
+            ax.set_xlim(0, (finite.max() * 1.25) if finite.size and finite.max() > 0 else 1)
+        a1.set_yticks(y, arms)
+        a1.invert_yaxis()
+        return to_svg(fig, name, "tau and speedup per arm")
+
+
+def source_chart(arms: list[str], sources: list[str], accepted: list[list[int]], name: str = "sources") -> str:
+    """Accepted tokens per source, one stacked bar per arm (a token credited to k sources counts k times)."""
+    palette = [BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, GREY, "#F0E442", "#000000"]
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 0.45 * len(arms) + 1.2)
+        y = np.arange(len(arms))
+        left = np.zeros(len(arms))
+        for k, src in enumerate(sources):
+            vals = np.array([row[k] for row in accepted], dtype=float)
+            ax.barh(y, vals, left=left, color=palette[k % len(palette)], height=0.6, label=src)
+            left += vals
+        ax.set_yticks(y, arms)
+        ax.invert_yaxis()
+        ax.set_xlabel("accepted tokens credited to each source")
+        ax.legend(frameon=False, ncols=min(4, max(1, len(sources))), loc="upper center",
+                  bbox_to_anchor=(0.5, -0.25 if len(arms) < 4 else -0.12))
+        return to_svg(fig, name, "accepted tokens per source and arm")
+
+
+def grid_chart(benches: list[str], series: dict[str, list[float]], name: str = "grid") -> str:
+    """Grouped bars per benchmark for a few percentages (Avail, Gap, Recall)."""
+    colors = [BLUE, VERMILION, GREEN, ORANGE, SKY, PURPLE]
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(max(7.0, 0.9 * len(benches) + 2), 3.2)
+        x = np.arange(len(benches))
+        width = 0.8 / max(1, len(series))
+        ax.set_xlim(-0.5 - max(0, 2 - len(benches)), len(benches) - 0.5 + max(0, 2 - len(benches)))
+        for k, (label, vals) in enumerate(series.items()):
+            ax.bar(x - 0.4 + width * (k + 0.5), [np.nan if v is None else v for v in vals], width=width,
+                   color=colors[k % len(colors)], label=label)
+        ax.set_xticks(x, benches, rotation=30 if len(benches) > 5 else 0, ha="right" if len(benches) > 5 else "center")
+        ax.set_ylim(0, 100)
+        ax.set_ylabel("%")
+        ax.legend(frameon=False, ncols=len(series))
+        return to_svg(fig, name, "Avail, Gap and Recall per benchmark")

@@ -1,0 +1,738 @@
+"""HTML pages: one per (benchmark, model), the index, and the cross-benchmark grid.
+
+Each page is one self-contained file: inline CSS, charts as inline SVG (reports/charts.py), no
+script, and a Content-Security-Policy that forbids every fetch, so a page makes no network request
+even if something slipped in. Model text is escaped everywhere (reports/case_viewer.py). A block the
+results do not hold (an older census, a decoder run without the semantic source, a missing
+positions.parquet) is shown as "not available" with the reason, never guessed.
+
+The cliff histogram measures both populations by `longest_match_len` (the longest context suffix
+found in the pool, capped at the oracle's maximum), the quantity behind the mechanism table's
+medians, so the chart and the table agree. The threshold sweep: recall at cosine threshold t is
+the share of gap positions where sem_hit holds and sem_best_cos >= t.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from reports import charts
+from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
+from reports.results import Census, Result, wilson
+
+DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)
+SOLE_ENABLE = 0.09  # sole-source share above which the semantic source pays (paper, "Generality")
+SOLE_OFF = 0.03  # ... below which it does not
+CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
+
+KEY_LABELS = {
+    "exact_suffix": "exact suffix (oracle; PLD, SuffixDecoding, SAM)",
+    "adjacency": "token adjacency (Token Recycling)",
+    "static_embedding": "static token embedding",
+    "semantic": "per-position hidden state (semantic key)",
+    "all": "all keys",
+}
+# (group, key, label, kind): the census mechanism block (census/summary.py), in the paper's order.
+MECHANISM_ROWS = [
+    ("Why it fails: context still matched", "median_context_at_success", "Median where the oracle succeeds", "tokens"),
+    ("Why it fails: context still matched", "median_context_at_recovered_gap", "Median at recovered gap positions",
+     "tokens"),
+    ("When it fails: gap rate by preceding token", "gap_rate_after_novel", "After a token in no past trace", "pct"),
+    ("When it fails: gap rate by preceding token", "gap_rate_base", "Base rate (after a token seen before)", "pct"),
+    ("When it fails: gap rate by preceding token", "gap_rate_after_producible", "After a producible token", "pct"),
+    ("When it fails: gap rate by preceding token", "after_producible_relative", "After a producible token, relative",
+     "ratio"),
+    ("Recovery: gap recall by key", "recall_semantic", "Semantic key (hidden state)", "pct"),
+    ("Recovery: gap recall by key", "recall_static_embedding", "Static token-embedding key", "pct"),
+    ("Recovery: gap recall by key", "recall_adjacency", "Token-adjacency key", "pct"),
+    ("What one gap is worth", "payload_tokens", "Verbatim payload behind a recovered gap", "tokens"),
+    ("What one gap is worth", "payload_matched_by_neighbour_tokens", "… matched by the neighbour", "tokens"),
+    ("What one gap is worth", "blind_lexical", "Blind at the lexical keys (suffix ∪ adjacency)", "pct"),
+    ("What one gap is worth", "blind_with_semantic", "… after adding the semantic key", "pct"),
+    ("What one gap is worth", "mean_run_lexical", "Mean uninterrupted run, lexical keys", "tokens"),
+    ("What one gap is worth", "mean_run_with_semantic", "… with the semantic key", "tokens"),
+    ("What one gap is worth", "blind_after_blind", "Blind-after-blind rate", "pct"),
+]
+
+CSS = """
+:root{--fg:#1b1b1b;--muted:#5f6368;--line:#dadce0;--soft:#f4f6f9}
+*{box-sizing:border-box}
+body{margin:0;color:var(--fg);background:#fff;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,
+"Helvetica Neue",Arial,"Liberation Sans",sans-serif}
+nav{background:var(--soft);border-bottom:1px solid var(--line);padding:.5rem 1.5rem;font-size:.9rem}
+nav a{margin-right:1rem}
+main{max-width:1100px;margin:0 auto;padding:1rem 1.5rem 3rem}
+h1{font-size:1.55rem;margin:.6rem 0 .2rem}
+h2{font-size:1.2rem;margin:2rem 0 .5rem;padding-bottom:.2rem;border-bottom:1px solid var(--line)}
+h3{font-size:1rem;margin:1.2rem 0 .3rem}
+.sub{color:var(--muted);margin:0 0 1rem}
+.headline{font-size:1.05rem;background:#eef4fb;border-left:4px solid #0072B2;padding:.7rem 1rem;margin:1rem 0}
+.callout{background:var(--soft);border-left:4px solid #888;padding:.6rem 1rem;margin:.8rem 0}
+.callout.enable{border-left-color:#009E73;background:#eaf6f0}
+.callout.off{border-left-color:#D55E00;background:#fcefe9}
+.callout.neutral{border-left-color:#E69F00;background:#fdf5e6}
+.scroll{overflow-x:auto}
+table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
+th,td{padding:.25rem .65rem;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
+thead th{border-bottom:2px solid #bbb}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+tr.group th{background:var(--soft);font-weight:600}
+.na{color:var(--muted);font-style:italic}
+.note,.caption,figcaption{color:var(--muted);font-size:.88rem}
+svg.chart{display:block;width:100%;height:auto;margin:.4rem 0}
+.legend{list-style:none;padding:0;margin:.5rem 0;display:flex;flex-wrap:wrap;gap:.6rem}
+.swatch{padding:.1rem .5rem;border-radius:3px;font-size:.88rem}
+figure.case{margin:1rem 0}
+figure.case figcaption{margin-bottom:.3rem}
+.tokens{font-family:ui-monospace,SFMono-Regular,Menlo,Consolas,"DejaVu Sans Mono","Liberation Mono",monospace;
+font-size:.82rem;line-height:1.75;white-space:pre-wrap;overflow-wrap:anywhere;border:1px solid var(--line);
+border-radius:4px;padding:.6rem .7rem;max-height:30rem;overflow:auto}
+.tokens span{border-radius:2px}
+.p{background:#d6e6f5}
+.r{background:#9fdfbf;text-decoration:underline 2px #009E73}
+.g{background:#f6bfae;text-decoration:underline wavy #D55E00}
+.u{background:#ececec;color:#555}
+.more{color:var(--muted);font-size:.85rem}
+code{font-size:.88em}
+@media print{
+  nav{display:none}
+  main{max-width:none;padding:0}
+  body{font-size:11pt}
+  *{-webkit-print-color-adjust:exact;print-color-adjust:exact}
+  svg.chart,table,.headline,.callout{break-inside:avoid}
+  h2,h3{break-after:avoid}
+  .tokens,.scroll{max-height:none;overflow:visible}
+  a{color:inherit;text-decoration:none}
+}
+"""
+
+
+# ---------------------------------------------------------------- formatting
+
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def pct(v) -> str:
+    if not _finite(v):
+        return "n/a"
+    x = 100 * v
+    return f"{x:.2f}%" if abs(x) < 10 else f"{x:.1f}%"
+
+
+def interval(iv, kind: str = "pct") -> str:
+    if not (isinstance(iv, (list, tuple)) and len(iv) == 2 and all(_finite(x) for x in iv)):
+        return "n/a"
+    if kind == "pct":
+        return f"{pct(iv[0]).rstrip('%')}–{pct(iv[1])}"
+    return f"{number(iv[0], kind)}–{number(iv[1], kind)}"
+
+
+def number(v, kind: str = "num") -> str:
+    if isinstance(v, bool):
+        return str(v).lower()
+    if not _finite(v):
+        return "n/a" if v is None or isinstance(v, (int, float)) else esc(v)
+    if kind == "pct":
+        return pct(v)
+    if kind == "ratio":
+        return f"{v:.2f}×"
+    if float(v).is_integer():
+        return f"{int(v):,}"
+    return f"{v:.2f}" if abs(v) < 100 else f"{v:,.1f}"
+
+
+def table(head: list[str], rows: list[list[str]], num_cols: set[int] = frozenset(), caption: str = "") -> str:
+    """A table from already-escaped cells; columns in num_cols are right-aligned."""
+    cap = f'<p class="caption">{caption}</p>' if caption else ""
+    th = "".join(f'<th{" class=num" if i in num_cols else ""}>{h}</th>' for i, h in enumerate(head))
+    body = []
+    for row in rows:
+        if len(row) == 1:  # a group header spanning the table
+            body.append(f'<tr class="group"><th colspan="{len(head)}">{row[0]}</th></tr>')
+            continue
+        body.append("<tr>" + "".join(f'<td{" class=num" if i in num_cols else ""}>{c}</td>'
+                                     for i, c in enumerate(row)) + "</tr>")
+    return f'{cap}<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+
+
+def not_available(why: str) -> str:
+    return f'<p class="na">not available: {esc(why)}</p>'
+
+
+def entry_row(label: str, entry, kind: str | None = None) -> list[str]:
+    """[label, value, Wilson, bootstrap, n] for a census entry: {value, wilson?, bootstrap?, n?} or a number."""
+    if entry is None:
+        return [esc(label), '<span class="na">not computed</span>', "", "", ""]
+    if not isinstance(entry, dict):
+        return [esc(label), number(entry, kind or "num"), "", "", ""]
+    kind = kind or ("pct" if "wilson" in entry else "num")
+    n = entry.get("n")
+    k = entry.get("k")
+    n_txt = f"{number(k)}/{number(n)}" if _finite(k) and _finite(n) else (number(n) if _finite(n) else "")
+    return [esc(label), number(entry.get("value"), kind),
+            interval(entry.get("wilson"), kind) if "wilson" in entry else "",
+            interval(entry.get("bootstrap"), kind) if "bootstrap" in entry else "", n_txt]
+
+
+def humanize(key: str) -> str:
+    return key.replace("_", " ").replace("|", " ∪ ").replace("~", " ~ ")
+
+
+def key_label(key: str) -> str:
+    if "|" in key:
+        return " ∪ ".join(KEY_LABELS.get(k, humanize(k)).split(" (")[0] for k in key.split("|"))
+    if "~" in key:
+        return " ~ ".join(KEY_LABELS.get(k, humanize(k)).split(" (")[0] for k in key.split("~"))
+    return KEY_LABELS.get(key, humanize(key))
+
+
+def _is_entry(v) -> bool:
+    return v is None or _finite(v) or (isinstance(v, dict) and "value" in v)
+
+
+def generic_rows(block: dict) -> list[list[str]]:
+    """Rows for any nested block of entries (blocks and keys this renderer has no labels for)."""
+    rows = []
+    for key, v in block.items():
+        label = key_label(key)
+        if _is_entry(v):
+            rows.append(entry_row(label, v))
+        elif isinstance(v, dict):
+            rows.append([esc(label)])  # a sub-block: its name as a group header, then its entries
+            rows += generic_rows(v)
+        else:
+            rows.append([esc(label), esc(v) if not isinstance(v, (list, tuple)) else esc(", ".join(map(str, v))),
+                         "", "", ""])
+    return rows
+
+
+ENTRY_HEAD = ["quantity", "value", "Wilson 95%", "bootstrap 95%", "n"]
+ENTRY_NUM = {1, 2, 3, 4}
+
+
+def page(title: str, body: str) -> str:
+    links = '<nav><a href="index.html">All results</a><a href="grid.html">Cross-benchmark grid</a></nav>'
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
+            '<meta name="viewport" content="width=device-width, initial-scale=1">'
+            '<meta name="referrer" content="no-referrer">'
+            f"<title>{esc(title)}</title><style>{CSS}</style></head>\n"
+            f"<body>{links}<main>\n{body}\n</main></body></html>\n")
+
+
+def section(sid: str, title: str, *parts: str) -> str:
+    return f'<section id="{esc(sid)}"><h2>{esc(title)}</h2>\n' + "\n".join(p for p in parts if p) + "</section>\n"
+
+
+# ---------------------------------------------------------------- census sections
+
+def pool_phrase(pool: str) -> str:
+    return {"past": "strictly past: requests served before",
+            "warm": "warm: every other request"}.get(pool, pool)
+
+
+def headline(result: Result, census: Census) -> str:
+    s = census.summary
+    parts = []
+    names = (("available", f"of positions are available (the next {horizon(census)} tokens occur verbatim in the "
+                           "pool)"),
+             ("producible", "are producible by the exact-match oracle"),
+             ("gap", "fall in the identifiability gap (available, not producible)"))
+    for key, words in names:
+        e = s.get(key)
+        if isinstance(e, dict) and _finite(e.get("value")):
+            parts.append(f"<strong>{pct(e['value'])}</strong> {esc(words)} (Wilson 95% {interval(e.get('wilson'))}, "
+                         f"request bootstrap {interval(e.get('bootstrap'))})")
+        else:
+            parts.append(f"{esc(key)} is not available")
+    rec = s.get("recall")
+    if isinstance(rec, dict) and _finite(rec.get("value")):
+        recall = (f"the semantic key recovers <strong>{pct(rec['value'])}</strong> of the gap positions "
+                  f"(Wilson {interval(rec.get('wilson'))}, bootstrap {interval(rec.get('bootstrap'))})")
+    else:
+        recall = "recall of the semantic key is not available"
+    positions, requests = s.get("positions"), s.get("requests")
+    layer = s.get("layer")
+    return (f'<p class="headline">Over <strong>{number(positions)}</strong> generated positions in '
+            f"<strong>{number(requests)}</strong> requests of <strong>{esc(bench_name(result, census))}</strong>, "
+            f"served by <strong>{esc(result.model_name)}</strong> (states from layer {number(layer)}; pool "
+            f"{esc(pool_phrase(census.pool))}): {parts[0]}; {parts[1]}; {parts[2]}; and {recall}.</p>")
+
+
+def bench_name(result: Result, census: Census | None = None) -> str:
+    for s in ([census.summary] if census else []) + [a.summary for a in result.arms]:
+        if isinstance(s.get("bench"), str) and s["bench"]:
+            return s["bench"]
+    return result.bench
+
+
+def horizon(census: Census) -> str:
+    """Tokens of future that `available` asks for (census --horizon; two unless the summary says otherwise)."""
+    config = census.summary.get("config")
+    h = config.get("horizon") if isinstance(config, dict) else None
+    h = int(h) if _finite(h) else 2
+    return {1: "one", 2: "two", 3: "three", 4: "four"}.get(h, str(h))
+
+
+def proportions_table(census: Census) -> str:
+    s = census.summary
+    rows = [entry_row(label, s.get(key), "pct") for key, label in (
+        ("available", f"Avail: next {horizon(census)} tokens verbatim in the pool"),
+        ("producible", "Producible by the exact-match oracle"),
+        ("gap", "Gap: available, not producible"),
+        ("recall", "Recall: semantic key, over gap positions"))]
+    return table(ENTRY_HEAD, rows, ENTRY_NUM)
+
+
+def mechanism_section(census: Census) -> str:
+    block = census.summary.get("mechanism")
+    if not isinstance(block, dict):
+        return section("mechanism", "Mechanism", not_available("the census summary has no mechanism block"))
+    rows, group = [], None
+    for g, key, label, kind in MECHANISM_ROWS:
+        if key not in block:
+            continue
+        if g != group:
+            rows.append([esc(g)])
+            group = g
+        rows.append(entry_row(label, block[key], kind))
+    extra = {k: v for k, v in block.items() if k not in {r[1] for r in MECHANISM_ROWS}}
+    if extra:
+        rows.append(["Other"])
+        rows += generic_rows(extra)
+    intro = ('<p class="caption">Why the exact key fails (context it was still matching), when (gap rate by the '
+             "preceding token), how much each key recovers, and what a recovered position is worth. Medians and "
+             "means carry a request-bootstrap interval only.</p>")
+    return section("mechanism", "Mechanism", intro, table(ENTRY_HEAD, rows, ENTRY_NUM))
+
+
+def coverage_section(census: Census) -> str:
+    block = census.summary.get("coverage")
+    if not isinstance(block, dict):
+        return section("coverage", "Key coverage", not_available("the census summary has no coverage block"))
+    reaches = block.get("reaches") if isinstance(block.get("reaches"), dict) else {}
+    only = block.get("only_it") if isinstance(block.get("only_it"), dict) else {}
+    rows = []
+    keys, r_vals, o_vals = [], [], []
+    for key in list(reaches) + [k for k in only if k not in reaches]:
+        r, o = reaches.get(key), only.get(key)
+        rv = r.get("value") if isinstance(r, dict) else r
+        ov = o.get("value") if isinstance(o, dict) else o
+        if r is None:
+            rows.append([esc(key_label(key)), '<span class="na">not computed</span>', "", "", ""])
+            continue
+        rows.append([esc(key_label(key)), number(rv, "pct"), interval(r.get("wilson")) if isinstance(r, dict) else "",
+                     number(ov, "pct"), interval(o.get("wilson")) if isinstance(o, dict) else ""])
+        if _finite(rv):
+            keys.append(KEY_LABELS.get(key, humanize(key)).split(" (")[0])
+            r_vals.append(100 * rv)
+            o_vals.append(100 * ov if _finite(ov) else None)
+    parts = [f'<p class="caption">The universe: the {number(block.get("universe"))} available positions (a copying '
+             "drafter could in principle reach them). <em>reaches</em>: share where the key has the true next "
+             "token among its 8 candidates; <em>only it</em>: share no other computed key reaches.</p>"]
+    if rows:
+        parts.append(table(["key", "reaches", "Wilson 95%", "only it", "Wilson 95%"], rows, {1, 2, 3, 4}))
+    else:
+        parts.append(not_available("the coverage block has no per-key reaches"))
+    if keys:
+        parts.append(charts.coverage_chart(keys, r_vals, o_vals))
+    for sub, title in (("unions", "Unions of keys"), ("lift", "Pairwise lift (1 = independent)"),
+                       ("semantic_recovers_missed_by", "What the semantic key recovers of what each key misses")):
+        v = block.get(sub)
+        if isinstance(v, dict) and v:
+            kind = "ratio" if sub == "lift" else "pct"
+            parts.append(f"<h3>{esc(title)}</h3>" + table(
+                ENTRY_HEAD, [entry_row(key_label(k), e, kind) for k, e in v.items()], ENTRY_NUM))
+    extra = {k: v for k, v in block.items()
+             if k not in ("universe", "reaches", "only_it", "unions", "lift", "semantic_recovers_missed_by")}
+    if extra:
+        parts.append("<h3>Other</h3>" + table(ENTRY_HEAD, generic_rows(extra), ENTRY_NUM))
+    return section("coverage", "Key coverage", *parts)
+
+
+def _need(census: Census, columns: tuple[str, ...]) -> str | None:
+    """Why a positions-based section cannot be drawn, or None."""
+    if census.positions is None:
+        return f"{census.folder.name}/positions.parquet is missing"
+    missing = [c for c in columns if c not in census.positions.columns]
+    if missing:
+        return f"positions.parquet lacks the column(s) {', '.join(missing)}"
+    if census.positions.height == 0:
+        return "positions.parquet has no rows"
+    return None
+
+
+def _flag(df: pl.DataFrame, col: str) -> np.ndarray:
+    return df[col].fill_null(False).to_numpy().astype(bool)
+
+
+def cliff_section(census: Census) -> str:
+    why = _need(census, ("producible", "gap", "longest_match_len"))
+    if why:
+        return section("cliff", "The cliff: matched context at successes and at gap positions", not_available(why))
+    df = census.positions
+    lengths = df["longest_match_len"].fill_null(0).to_numpy()
+    success, gap = lengths[_flag(df, "producible")], lengths[_flag(df, "gap")]
+    config = census.summary.get("config")
+    cap = config.get("max_suffix", 16) if isinstance(config, dict) else 16
+    cap = int(cap) if _finite(cap) and cap > 0 else 16
+    med = lambda x: number(float(np.median(x))) if len(x) else "n/a"  # noqa: E731
+    caption = (f'<p class="caption">Both populations measured by <code>longest_match_len</code>: the longest suffix '
+               f"of the context that occurs anywhere in the pool (capped at {cap}, the oracle's longest suffix), the "
+               f"quantity behind the mechanism table's medians. Median at oracle successes "
+               f"<strong>{med(success)}</strong> tokens; at gap positions <strong>{med(gap)}</strong>. Bars are shares "
+               "of each population. A cliff (successes at the cap, gap positions near zero) says one new token in "
+               "the context cut every suffix the exact key could match.</p>")
+    return section("cliff", "The cliff: matched context at successes and at gap positions",
+                   charts.cliff_chart(success, gap, cap), caption)
+
+
+def novel_section(census: Census) -> str:
+    why = _need(census, ("gap", "novel_prev"))
+    if why:
+        return section("novel", "Gap rate by the preceding token", not_available(why))
+    df = census.positions
+    gap = _flag(df, "gap")
+    known_prev = df["novel_prev"].is_not_null().to_numpy()
+    novel = _flag(df, "novel_prev")
+    groups = [("after a token in no past trace", novel & known_prev),
+              ("after a token seen in a past trace", ~novel & known_prev),
+              ("all positions", np.ones(len(gap), bool))]
+    if "producible" in df.columns and "request" in df.columns:
+        prev_prod = (df.select(pl.col("producible").fill_null(False).shift(1).over("request"))
+                     .to_series().fill_null(False).to_numpy().astype(bool))
+        groups.append(("after a producible token", prev_prod))
+    rows, labels, rates, lows, highs, rate_of = [], [], [], [], [], {}
+    for label, mask in groups:
+        n, k = int(mask.sum()), int((gap & mask).sum())
+        iv = wilson(k, n)
+        rate_of[label] = k / n if n else None
+        rows.append([esc(label), number(rate_of[label], "pct"), interval(iv), f"{k:,}/{n:,}"])
+        if n:
+            labels.append(label)
+            rates.append(100 * k / n)
+            lows.append(100 * iv[0])
+            highs.append(100 * iv[1])
+    after_novel, after_seen = rate_of[groups[0][0]], rate_of[groups[1][0]]
+    ratio = (f" After a novel token the gap rate is <strong>{after_novel / after_seen:.1f}×</strong> the rate after a "
+             "token seen before." if after_novel is not None and after_seen else "")
+    caption = ('<p class="caption">Gap rate (available, not producible) by what the previous token was; a novel '
+               f"token (in no past trace) ends every suffix the exact key could match.{ratio} Wilson 95% "
+               "intervals (positions treated as independent, so optimistic).</p>")
+    chart = charts.rate_bars(labels, rates, lows, highs, "gap rate, % of positions", "novel") if labels else ""
+    return section("novel", "Gap rate by the preceding token", caption, chart,
+                   table(["previous token", "gap rate", "Wilson 95%", "gap/positions"], rows, {1, 2, 3}))
+
+
+def recall_curve(df: pl.DataFrame, thresholds: np.ndarray) -> tuple[np.ndarray, int]:
+    """Recall (%) at each threshold: share of gap positions with sem_hit and sem_best_cos >= t."""
+    gap = _flag(df, "gap")
+    hit = _flag(df, "sem_hit") & gap
+    cos = df["sem_best_cos"].fill_null(float("-inf")).fill_nan(float("-inf")).to_numpy()[hit]
+    n_gap = int(gap.sum())
+    cos.sort()
+    hits_at = len(cos) - np.searchsorted(cos, thresholds, side="left")
+    return 100.0 * hits_at / max(1, n_gap), n_gap
+
+
+def threshold_section(census: Census) -> str:
+    title = "Semantic-key recall against the cosine threshold"
+    why = _need(census, ("gap", "sem_hit", "sem_best_cos"))
+    if why:
+        return section("threshold", title, not_available(why))
+    thresholds = np.round(np.linspace(0.0, 1.0, 201), 3)
+    curve, n_gap = recall_curve(census.positions, thresholds)
+    if n_gap == 0:
+        return section("threshold", title, not_available("no gap positions"))
+    marks = [0.5, 0.7, 0.75, DEFAULT_THETA, 0.85, 0.9, 0.95]
+    at, _ = recall_curve(census.positions, np.array([-np.inf] + marks))
+    unthresholded, at = at[0], at[1:]
+    rows = [[f"{t:g}" + (" (default)" if t == DEFAULT_THETA else ""), f"{v:.1f}%"] for t, v in zip(marks, at)]
+    caption = (f'<p class="caption">Recall at threshold t: the share of the {n_gap:,} gap positions where the '
+               "semantic key has the true next token among its 8 candidates <em>and</em> its best neighbour's "
+               f"cosine is at least t (the decoder queries the key only then; default {DEFAULT_THETA:g}). Without a "
+               f"threshold it is the census recall, {unthresholded:.1f}%.</p>")
+    return section("threshold", title, charts.threshold_chart(thresholds, curve, DEFAULT_THETA), caption,
+                   table(["threshold", "recall"], rows, {1}))
+
+
+def cases_section(result: Result, census: Census, token_text: TokenText | None) -> str:
+    title = "Case viewer"
+    why = _need(census, ("request", "position", "target", "available", "producible"))
+    if why:
+        return section("cases", title, not_available(why))
+    if token_text is None:
+        token_text = load_token_text(result.meta.get("model") if result.meta else None)
+    request_ids = None
+    req_path = result.folder / "traces" / "requests.parquet"
+    if req_path.exists():
+        try:
+            r = pl.read_parquet(req_path, columns=["request", "id"])
+            request_ids = dict(zip(r["request"].to_list(), r["id"].to_list()))
+        except Exception:  # the ids are a courtesy; the viewer stands without them
+            request_ids = None
+    intro = ('<p class="caption">The generated text of three requests (highest, median and lowest gap rate among '
+             f"requests with at least {MIN_CASE_POSITIONS} tokens and at least one available position), each token "
+             "coloured by what covers it. Hover a token for its matched context and best cosine.</p>")
+    return section("cases", title, intro, render_cases(census.positions, token_text, request_ids))
+
+
+# ---------------------------------------------------------------- decoder section
+
+def recommendation(share: float) -> tuple[str, str]:
+    """(css class, verdict) of a sole-source share."""
+    if share > SOLE_ENABLE:
+        return "enable", f"enable the semantic source (above the ~{100 * SOLE_ENABLE:.0f}% line where it pays)"
+    if share < SOLE_OFF:
+        return "off", f"leave the semantic source off (below the ~{100 * SOLE_OFF:.0f}% line, it does not pay)"
+    return "neutral", (f"neutral: between ~{100 * SOLE_OFF:.0f}% and ~{100 * SOLE_ENABLE:.0f}%, the semantic source "
+                       "neither clearly pays nor clearly costs; decide on the measured speedups")
+
+
+def _dict(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _speed(arm) -> str:
+    return f"{arm.summary['speedup']:.2f}×" if _finite(arm.summary.get("speedup")) else "n/a"
+
+
+def decoder_section(result: Result) -> str:
+    title = "Decoder: what the draft sources deliver"
+    if not result.arms:
+        return section("decoder", title, not_available(
+            f"no decoder results under {result.bench}/{result.model}/decode/ (run `python -m decoder`)"))
+    arms = result.arms
+    rows = []
+    for a in arms:
+        s = a.summary
+        audit = s.get("lossless") if isinstance(s.get("lossless"), dict) else None
+        lossless = (f"{number(audit.get('matched'))}/{number(audit.get('requests'))}" if audit else "n/a")
+        rows.append([esc(a.name), number(s.get("tau")), number(s.get("tokens_per_s")), _speed(a),
+                     number(s.get("overhead_fraction"), "pct"), number(s.get("mean_nodes")), lossless,
+                     number(s.get("requests"))])
+    parts = [table(["arm", "tau", "tokens/s", "speedup", "draft+update share", "mean nodes", "lossless",
+                    "requests"], rows, {1, 2, 3, 4, 5, 6, 7},
+                   caption="tau = committed tokens per verification pass; speedup = tokens/s over the same "
+                           "invocation's ar; lossless = requests whose output equals ar's.")]
+    value = lambda v: v if _finite(v) else None  # noqa: E731
+    parts.append(charts.arm_chart([a.name for a in arms], [value(a.summary.get("tau")) for a in arms],
+                                  [value(a.summary.get("speedup")) for a in arms]))
+    by_source = [_dict(a.summary.get("accepted_by_source")) for a in arms]
+    sources = sorted({src for d in by_source for src in d})
+    if sources:
+        acc = [[int(d[src]) if _finite(d.get(src)) else 0 for src in sources] for d in by_source]
+        rate = [_dict(a.summary.get("acceptance_rate_by_source")) for a in arms]
+        src_rows = [[esc(a.name)] + [f"{acc[i][j]:,}" + (f" ({pct(rate[i][src])})" if _finite(rate[i].get(src))
+                                                         else "") for j, src in enumerate(sources)]
+                    for i, a in enumerate(arms) if any(acc[i])]
+        parts.append("<h3>Accepted tokens per source</h3>" + table(
+            ["arm"] + [esc(s) for s in sources], src_rows, set(range(1, len(sources) + 1)),
+            caption="A token proposed by several sources is credited to each; in brackets the share of that "
+                    "source's drafted nodes that were accepted."))
+        shown = [i for i, a in enumerate(arms) if any(acc[i])]
+        if shown:
+            parts.append(charts.source_chart([arms[i].name for i in shown], sources, [acc[i] for i in shown]))
+    else:
+        parts.append(not_available("no per-source accepted tokens in the decoder summaries"))
+    parts.append("<h3>Sole-source share and recommendation</h3>" + sole_source_block(result))
+    return section("decoder", title, *parts)
+
+
+def share_arms(result: Result) -> list:
+    """Arms with a sole-source share, the one the recommendation reads first (`oilbird` if run)."""
+    arms = [a for a in result.arms if a.sole_source and _finite(a.sole_source.get("share"))]
+    return sorted(arms, key=lambda a: a.name != "oilbird")
+
+
+def main_share(result: Result) -> float | None:
+    arms = share_arms(result)
+    return arms[0].sole_source["share"] if arms else None
+
+
+def fastest_arm(result: Result, exclude=None):
+    """The drafting arm (not ar, not `exclude`) with the highest speedup, or None."""
+    arms = [a for a in result.arms if a is not exclude and a.name != "ar" and _finite(a.summary.get("speedup"))]
+    return max(arms, key=lambda a: a.summary["speedup"], default=None)
+
+
+def _sole_counts(ss: dict) -> str:
+    return f"{ss['sole']:,} of {ss['accepted']:,}" if _finite(ss.get("sole")) and _finite(ss.get("accepted")) else ""
+
+
+def sole_source_block(result: Result) -> str:
+    with_share = share_arms(result)
+    if not with_share:
+        return not_available("no arm reports a sole-source share (run the decoder's semantic arm, `oilbird`)")
+    rows = [[esc(a.name), pct(a.sole_source["share"]), _sole_counts(a.sole_source), esc(a.sole_source.get("from", ""))]
+            for a in with_share]
+    main = with_share[0]
+    share = main.sole_source["share"]
+    cls, verdict = recommendation(share)
+    best = fastest_arm(result, exclude=main)
+    versus = (f" Measured: <strong>{esc(main.name)}</strong> {_speed(main)} over ar, against {_speed(best)} for the "
+              f"best other arm (<strong>{esc(best.name)}</strong>)." if best else
+              f" Measured speedup of {esc(main.name)}: {_speed(main)}.")
+    counts = f" ({_sole_counts(main.sole_source)} accepted tokens)" if _sole_counts(main.sole_source) else ""
+    text = (f'<p class="callout {cls}">Sole-source share of <strong>{esc(main.name)}</strong>: '
+            f"<strong>{pct(share)}</strong> of accepted tokens were proposed by the semantic source alone{counts}. "
+            f"Recommendation: <strong>{esc(verdict)}</strong>.{versus} Lines: above ~{100 * SOLE_ENABLE:.0f}% "
+            f"enable, below ~{100 * SOLE_OFF:.0f}% leave off.</p>")
+    return text + table(["arm", "sole-source share", "sole / accepted tokens", "read from"], rows, {1, 2})
+
+
+# ---------------------------------------------------------------- pages
+
+def result_page(result: Result, census: Census | None = None, token_text: TokenText | None = None,
+                others: list[tuple[str, str]] = ()) -> str:
+    """The page of one (benchmark, model): its census (the given one, default the first) and the decoder."""
+    census = census or result.census
+    bench = bench_name(result, census)
+    title = f"Gap report: {bench} · {result.model_name}" + (f" · pool {census.pool}" if census and
+                                                             census.pool != "past" else "")
+    parts = [f"<h1>{esc(title)}</h1>",
+             f'<p class="sub">Results from <code>{esc(result.bench)}/{esc(result.model)}/</code>. '
+             + (" ".join(f'<a href="{esc(href)}">{esc(label)}</a>' for href, label in others)) + "</p>"]
+    if census is None:
+        parts.append(section("census", "Census", not_available(
+            f"no census under {result.bench}/{result.model}/ (run `python -m census --bench ...`)")))
+    else:
+        parts += [headline(result, census), proportions_table(census), mechanism_section(census),
+                  coverage_section(census), cliff_section(census), novel_section(census), threshold_section(census),
+                  cases_section(result, census, token_text)]
+    if census is None or census is result.census:
+        parts.append(decoder_section(result))
+    if census is not None:
+        notes = census.summary.get("notes")
+        notes = notes if isinstance(notes, list) else [notes] if notes else []
+        config = census.summary.get("config") if isinstance(census.summary.get("config"), dict) else {}
+        items = "".join(f"<li>{esc(n)}</li>" for n in notes)
+        cfg = ", ".join(f"{esc(k)} = {esc(v)}" for k, v in config.items())
+        parts.append(section("notes", "Notes and settings",
+                             f"<ul>{items}</ul>" if items else "",
+                             f'<p class="note">Census settings: {cfg}.</p>' if cfg else "",
+                             f'<p class="note">Positions columns not present: {esc(", ".join(census.missing_columns))}.'
+                             "</p>" if census.missing_columns and census.positions is not None else ""))
+    return page(title, "\n".join(parts))
+
+
+def page_name(result: Result, census: Census | None = None) -> str:
+    if census is None or census is result.census:
+        return f"{result.slug}.html"
+    return f"{result.slug}__{census.folder.name}.html"
+
+
+def _value(entry):
+    """The finite value of a census entry {value, ...}, else None."""
+    return entry["value"] if isinstance(entry, dict) and _finite(entry.get("value")) else None
+
+
+def _cell(e) -> str:
+    """A percentage with its intervals in the tooltip."""
+    if _value(e) is None:
+        return '<span class="na">n/a</span>'
+    tip = f"Wilson 95% {interval(e.get('wilson'))}; bootstrap {interval(e.get('bootstrap'))}"
+    return f'<span title="{esc(tip)}">{pct(e["value"])}</span>'
+
+
+def index_page(results: list[Result]) -> str:
+    rows = []
+    for r in results:
+        c = r.census
+        s = c.summary if c else {}
+        best = fastest_arm(r)
+        share = main_share(r)
+        links = [f'<a href="{esc(page_name(r))}">report</a>'] + [
+            f'<a href="{esc(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]]
+        rows.append([esc(bench_name(r, c)), esc(r.model_name), number(s.get("positions")) if c else "–",
+                     _cell(s.get("available")) if c else "–", _cell(s.get("gap")) if c else "–",
+                     _cell(s.get("recall")) if c else "–",
+                     esc(", ".join(a.name for a in r.arms)) or "–",
+                     f"{best.summary['speedup']:.2f}× ({esc(best.name)})" if best else "–",
+                     pct(share) if share is not None else "–", " · ".join(links)])
+    body = ("<h1>Oilbird gap reports</h1>"
+            f'<p class="sub">{len(results)} result(s). <a href="grid.html">Cross-benchmark grid</a>. Percentages of '
+            "generated positions (Recall: of gap positions); hover for intervals.</p>"
+            + table(["benchmark", "model", "positions", "Avail", "Gap", "Recall", "decoder arms", "best speedup",
+                     "sole-source share", "pages"], rows, {2, 3, 4, 5, 7, 8}))
+    return page("Oilbird gap reports", body)
+
+
+def grid_page(results: list[Result]) -> str:
+    models = sorted({r.model_name for r in results})
+    parts = ["<h1>Across benchmarks</h1>",
+             '<p class="sub">The census\'s three questions per benchmark. <em>Avail</em>: the next two tokens occur '
+             "verbatim in an earlier trace; <em>Gap</em>: available yet not produced by the exact-match oracle (the "
+             "two differ in horizon, so the columns do not subtract); <em>Recall</em>: gap positions where the "
+             "semantic key surfaces the true next token. Strictly-past pools; hover a value for its intervals.</p>"]
+    for model in models:
+        rows_r = [r for r in results if r.model_name == model]
+        with_census = [r for r in rows_r if r.census]
+        rows = []
+        for r in rows_r:
+            s = r.census.summary if r.census else {}
+            share = main_share(r)
+            pool = f" (pool {r.census.pool})" if r.census and r.census.pool != "past" else ""
+            rows.append([f'<a href="{esc(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}',
+                         number(s.get("positions")) if s else "–", _cell(s.get("available")), _cell(s.get("gap")),
+                         _cell(s.get("recall")),
+                         interval(_dict(s.get("gap")).get("bootstrap")) if s else "–",
+                         pct(share) if share is not None else "–"])
+        parts.append(f"<h2>{esc(model)}</h2>" + table(
+            ["benchmark", "positions", "Avail", "Gap", "Recall", "Gap, bootstrap 95%", "sole-source share"],
+            rows, {1, 2, 3, 4, 5, 6}))
+        if with_census:
+            series = {label: [100 * v if (v := _value(r.census.summary.get(key))) is not None else None
+                              for r in with_census]
+                      for label, key in (("Avail", "available"), ("Gap", "gap"), ("Recall", "recall"))}
+            parts.append(charts.grid_chart([bench_name(r, r.census) for r in with_census], series,
+                                           name=f"grid{models.index(model)}"))
+    return page("Oilbird: across benchmarks", "\n".join(parts))
+
+
+def render_site(results: list[Result], token_text: TokenText | None = None, progress: bool = False) -> dict[str, str]:
+    """{file name: html} for every page; index.html last. `token_text` overrides the tokenizers (tests)."""
+    from tqdm import tqdm
+
+    texts: dict[str, TokenText] = {}
+    pages: dict[str, str] = {}
+    for r in tqdm(results, desc="reports", unit="result", disable=not progress):
+        tt = token_text
+        if tt is None and r.census is not None:
+            model = r.meta.get("model") if r.meta else None
+            tt = texts[model] if model in texts else texts.setdefault(model, load_token_text(model))
+        links = [(page_name(r, c), f"pool {c.pool} census") for c in r.censuses[1:]]
+        pages[page_name(r)] = result_page(r, token_text=tt, others=links)
+        for c in r.censuses[1:]:
+            pages[page_name(r, c)] = result_page(r, c, token_text=tt, others=[(page_name(r), "main report")])
+    pages["grid.html"] = grid_page(results)
+    pages["index.html"] = index_page(results)
+    return pages
+
+
+def write_site(out: Path, pages: dict[str, str]) -> list[Path]:
+    """Write every page atomically, in order (the index last, so it never lists a page not yet there).
+
+    Pages are made world-readable (0644), like any file a web server or a colleague may open."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, text in pages.items():
+        fd, tmp = tempfile.mkstemp(dir=out, prefix=f".{name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(text.encode("utf-8"))
+            os.chmod(tmp, 0o644)
+            os.replace(tmp, out / name)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        written.append(out / name)
+    return written

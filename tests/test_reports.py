@@ -1,0 +1,518 @@
+"""HTML gap reports: content against hand-built census and decoder outputs, escaping, the CLI, a browser.
+
+The fixtures are written here (positions.parquet, summary.json in the census schema, decoder arms),
+so these tests do not depend on the census or decoder code.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from html.parser import HTMLParser
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from reports.case_viewer import CATEGORIES, TokenText, categories, load_token_text, pick_cases
+from reports.render import page_name, recall_curve, recommendation, render_site, result_page, write_site
+from reports.results import find_results, sole_source_share, wilson
+
+SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
+STORIES = SHARED / "models" / "stories260k"
+REPO = Path(__file__).resolve().parents[1]
+
+NASTY = {  # token id -> text a tokenizer could return
+    100: "<script>alert('x')</script>",
+    101: '"quoted" & \'single\'',
+    102: b"\xff\xfe\xc3",  # bytes that are not valid UTF-8
+    103: "<img src=https://evil.example/x.png onerror=alert(1)>",
+    104: "&amp; &lt;b&gt;",
+    105: "\x00\x1b[31m",
+    106: "</span></div><b>bold?</b>",
+}
+
+
+# ---------------------------------------------------------------- fixtures
+
+def positions_frame(targets: dict[int, list[int]] | None = None) -> pl.DataFrame:
+    """Five requests with known categories (see the comments); targets default to NASTY ids in turn."""
+    rows = []
+
+    def add(r, t, avail, prod, sem=False, cos=0.9, longest=16, novel=False):
+        rows.append(dict(request=r, position=t, available=avail, producible=prod, gap=avail and not prod,
+                         oracle_suffix_len=16 if prod else 0, longest_match_len=longest, sem_hit=sem,
+                         sem_best_cos=cos, emb_hit=False, adj_hit=prod, novel_prev=novel))
+
+    for t in range(25):  # request 0: all producible (gap rate 0)
+        add(0, t, True, True, sem=True)
+    for t in range(10):  # request 1: 10 producible, 10 gap (5 recovered), 10 not available (gap rate 1/3)
+        add(1, t, True, True)
+    for t, cos in zip(range(10, 15), (0.95, 0.85, 0.81, 0.79, 0.5)):
+        add(1, t, True, False, sem=True, cos=cos, longest=1, novel=t == 10)
+    for t in range(15, 20):
+        add(1, t, True, False, sem=False, cos=0.6, longest=0, novel=t == 15)
+    for t in range(20, 30):
+        add(1, t, False, False, cos=None, longest=2)
+    for t in range(25):  # request 2: 20 producible, 3 gap (none recovered), 2 not available (gap rate 0.12)
+        add(2, t, t < 23, t < 20, longest=16 if t < 20 else 1, novel=t == 20)
+    for t, (avail, prod) in enumerate(((True, False), (True, False), (True, True))):  # request 3: short
+        add(3, t, avail, prod, longest=0)
+    for t in range(25):  # request 4: nothing available (gap rate 0, but nothing to say about the gap)
+        add(4, t, False, False, cos=None, longest=0)
+    df = pl.DataFrame(rows, schema_overrides={"sem_best_cos": pl.Float64, "request": pl.Int32, "position": pl.Int32})
+    if targets is None:
+        ids = list(NASTY)
+        target = [ids[k % len(ids)] for k in range(df.height)]
+    else:
+        target = [targets[r][t % len(targets[r])] for r, t in zip(df["request"], df["position"])]
+    return df.with_columns(pl.Series("target", target, dtype=pl.Int32))
+
+
+def proportion(num: np.ndarray, den: np.ndarray) -> dict:
+    k, n = int((num & den).sum()), int(den.sum())
+    lo, hi = wilson(k, n)
+    return {"value": k / n, "wilson": [lo, hi], "bootstrap": [max(0, lo - 0.01), min(1, hi + 0.01)], "k": k, "n": n}
+
+
+def census_summary(df: pl.DataFrame, **drop) -> dict:
+    col = lambda c: df[c].fill_null(False).to_numpy().astype(bool)  # noqa: E731
+    every = np.ones(df.height, bool)
+    avail, prod, gap, sem = col("available"), col("producible"), col("gap"), col("sem_hit")
+    summary = {
+        "bench": "toy", "model": "toy-model", "layer": 4, "pool": "past", "positions": df.height, "requests": 5,
+        "available": proportion(avail, every), "producible": proportion(prod, every), "gap": proportion(gap, every),
+        "recall": proportion(sem, gap),
+        "mechanism": {
+            "median_context_at_success": {"value": 16.0, "bootstrap": [16.0, 16.0], "n": int(prod.sum())},
+            "gap_rate_after_novel": proportion(gap, col("novel_prev")),
+            "after_producible_relative": {"value": 0.25, "bootstrap": [0.2, 0.3]},
+            "recall_static_embedding": None,
+            "future_metric": {"value": 0.123, "wilson": [0.1, 0.15], "bootstrap": [0.09, 0.16], "k": 1, "n": 8},
+        },
+        "coverage": {
+            "universe": int(avail.sum()),
+            "reaches": {"exact_suffix": proportion(prod, avail), "adjacency": proportion(col("adj_hit"), avail),
+                        "static_embedding": None, "semantic": proportion(sem, avail)},
+            "only_it": {"exact_suffix": proportion(prod & ~sem, avail), "adjacency": proportion(avail & False, avail),
+                        "static_embedding": None, "semantic": proportion(sem & ~prod, avail)},
+            "unions": {"exact_suffix|adjacency": proportion(prod, avail)},
+            "lift": {"exact_suffix~semantic": {"value": 1.01, "bootstrap": [0.99, 1.03]}},
+        },
+        "config": {"pool": "past", "max_suffix": 16},
+        "notes": ["static-embedding key not computed (test)"],
+    }
+    for key in drop:
+        summary.pop(key, None)
+    return summary
+
+
+def write_arm(folder: Path, arm: str, speedup: float, labels: list[str], summary_extra: dict | None = None):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    folder.mkdir(parents=True, exist_ok=True)
+    accepted: dict[str, int] = {}
+    for lab in labels:
+        for src in lab.split("|"):
+            accepted[src] = accepted.get(src, 0) + 1
+    half = len(labels) // 2
+    pq.write_table(pa.table({"request": pa.array([0, 1], pa.int32()), "pass": pa.array([0, 0], pa.int32()),
+                             "sources": pa.array([labels[:half], labels[half:]], pa.list_(pa.string()))}),
+                   folder / "cycles.parquet")
+    summary = {"arm": arm, "bench": "toy", "model": "toy-model", "requests": 4, "tau": 1 + speedup, "speedup": speedup,
+               "tokens_per_s": 10 * speedup, "overhead_fraction": 0.02, "mean_nodes": 60,
+               "lossless": {"matched": 4, "requests": 4}, "accepted_by_source": accepted, **(summary_extra or {})}
+    (folder / "summary.json").write_text(json.dumps(summary))
+
+
+SEMANTIC_LABELS = ["semantic", "sam|semantic", "semantic", "adjacency", "sam", "sam", "semantic", "adjacency|sam",
+                   "sam", "sam"]  # 3 of 10 accepted tokens from the semantic source alone
+
+
+def make_runs(root: Path, *, model: str | None = None, decode: bool = True, df: pl.DataFrame | None = None,
+              summary: dict | None = None, positions: bool = True) -> Path:
+    runs = root / "runs"
+    folder = runs / "toy" / "toy-model"
+    (folder / "census").mkdir(parents=True)
+    df = positions_frame() if df is None else df
+    if positions:
+        df.write_parquet(folder / "census" / "positions.parquet")
+    (folder / "census" / "summary.json").write_text(json.dumps(summary or census_summary(df)))
+    if model:
+        (folder / "traces").mkdir()
+        (folder / "traces" / "meta.json").write_text(json.dumps({"model": model}))
+    if decode:
+        write_arm(folder / "decode" / "ar", "ar", 1.0, [])
+        write_arm(folder / "decode" / "lexical", "lexical", 2.0, ["sam"] * 6 + ["adjacency"] * 4)
+        write_arm(folder / "decode" / "oilbird", "oilbird", 2.5, SEMANTIC_LABELS)
+    return runs
+
+
+def nasty_text() -> TokenText:
+    return TokenText(texts=lambda ids: [NASTY.get(i, f"t{i}") for i in ids],
+                     pieces=lambda ids: [NASTY.get(i, f"p{i}") for i in ids])
+
+
+def render_one(runs: Path, token_text: TokenText | None = None) -> str:
+    (result,) = find_results(runs)
+    return result_page(result, token_text=token_text or nasty_text())
+
+
+class Tags(HTMLParser):
+    """Every start tag with its attributes, and the text outside tags."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.style = ""
+        self._in_style = False
+
+    def handle_starttag(self, tag, attrs):
+        self.tags.append((tag, dict(attrs)))
+        self._in_style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._in_style = False
+
+    def handle_data(self, data):
+        if self._in_style:
+            self.style += data
+        self.text.append(data)
+
+
+def parse(html_text: str) -> Tags:
+    p = Tags()
+    p.feed(html_text)
+    p.close()
+    return p
+
+
+HTML_TAGS = {"html", "head", "meta", "title", "style", "body", "nav", "a", "main", "h1", "h2", "h3", "p", "section",
+             "strong", "em", "code", "table", "thead", "tbody", "tr", "th", "td", "span", "ul", "li", "figure",
+             "figcaption", "div"}
+SVG_TAGS = {"svg", "g", "path", "defs", "clippath", "use", "text", "style", "title", "rect", "polyline", "line",
+            "circle", "tspan", "lineargradient", "stop", "image"}
+URL_ATTRS = {"src", "href", "xlink:href", "action", "formaction", "srcset", "poster", "data", "background", "ping"}
+
+
+def assert_offline(html_text: str) -> Tags:
+    """No script, no unexpected tag, every URL-bearing attribute local, no http(s) outside text."""
+    tags = parse(html_text)
+    names = {t for t, _ in tags.tags}
+    assert "script" not in names and "iframe" not in names and "img" not in names and "link" not in names
+    assert names <= HTML_TAGS | SVG_TAGS, names - HTML_TAGS - SVG_TAGS
+    assert not any(t == "image" for t, _ in tags.tags)  # no SVG raster (could point anywhere)
+    for tag, attrs in tags.tags:
+        for k, v in attrs.items():
+            assert not k.startswith("on"), (tag, k)
+            if k in URL_ATTRS:
+                assert v.startswith("#") or re.fullmatch(r"[\w.-]+\.html", v), (tag, k, v)
+            if k == "style":
+                assert "url(" not in v or re.fullmatch(r".*url\(#[\w.-]+\).*", v), v
+    assert "@import" not in tags.style and "url(" not in tags.style
+    # the document without its text and tooltips (where model text may mention a URL, harmlessly)
+    skeleton = " ".join(f"<{t} " + " ".join(f"{k}={v}" for k, v in a.items() if k not in ("title", "aria-label"))
+                        for t, a in tags.tags) + tags.style
+    assert not re.search(r"(https?|ftp|wss?):|//[a-z0-9]", skeleton), "a URL outside the text"
+    assert len(html_text.encode()) < 5_000_000
+    return tags
+
+
+# ---------------------------------------------------------------- content
+
+@pytest.fixture(scope="module")
+def toy_page(tmp_path_factory) -> str:
+    """The page of the default fixture (census + three arms, nasty token text), rendered once."""
+    return render_one(make_runs(tmp_path_factory.mktemp("toy")))
+
+
+def test_census_page_states_the_numbers(toy_page):
+    df = positions_frame()
+    page = toy_page
+    assert_offline(page)
+    text = re.sub(r"\s+", " ", "".join(parse(page).text))
+    s = census_summary(df)
+    # headline: positions, requests, model, layer, pool, and the four proportions with both intervals
+    for key in ("available", "producible", "gap", "recall"):
+        v, (lo, hi), (blo, bhi) = s[key]["value"], s[key]["wilson"], s[key]["bootstrap"]
+        fmt = lambda x: f"{100 * x:.2f}" if 100 * x < 10 else f"{100 * x:.1f}"  # noqa: E731
+        assert f"{fmt(v)}%" in text and f"{fmt(lo)}–{fmt(hi)}%" in text and f"{fmt(blo)}–{fmt(bhi)}%" in text, key
+    assert f"Over {df.height} generated positions in 5 requests of toy, served by toy-model (states from layer 4; " \
+           "pool strictly past" in text
+    # mechanism with documented labels, unknown keys generically, null entries as not computed
+    assert "Median where the oracle succeeds" in text and "After a token in no past trace" in text
+    assert "future metric" in text and "12.3%" in text and "not computed" in text
+    # coverage per key, the chart, unions and lift
+    assert "token adjacency (Token Recycling)" in text and "exact suffix ∪ token adjacency" in text
+    assert "1.01×" in text
+    assert page.count("<svg") >= 6  # coverage, cliff, novel, threshold, arms, sources
+    ids = [a["id"] for _, a in parse(page).tags if "id" in a]
+    assert len(ids) == len(set(ids))  # several inline charts, no clashing ids
+    # the cliff caption: medians of longest_match_len over producible and gap positions
+    assert "Median at oracle successes 16 tokens; at gap positions 1." in text
+    # gap rate by the previous token: after novel 3 gap / 3 novel positions; after seen: 15 gap of 115
+    novel = df["novel_prev"].to_numpy()
+    gap = df["gap"].to_numpy()
+    k_seen, n_seen = int((gap & ~novel).sum()), int((~novel).sum())
+    assert f"{k_seen:,}/{n_seen:,}" in text and f"{int((gap & novel).sum())}/{int(novel.sum())}" in text
+    # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and its recommendation
+    assert "2.50×" in text and "30.0%" in text and "3 of 10" in text
+    assert "enable the semantic source" in text
+
+
+def test_threshold_recall_matches_brute_force():
+    df = positions_frame()
+    thresholds = np.array([0.0, 0.5, 0.79, 0.8, 0.81, 0.85, 0.9, 0.96, 1.0])
+    curve, n_gap = recall_curve(df, thresholds)
+    rows = df.filter(pl.col("gap")).to_dicts()
+    assert n_gap == len(rows) == 15
+    for t, got in zip(thresholds, curve):
+        want = sum(1 for r in rows if r["sem_hit"] and r["sem_best_cos"] is not None and r["sem_best_cos"] >= t)
+        assert got == pytest.approx(100 * want / len(rows)), t
+    # recall at the default 0.8 is 3 of 15 gap positions (cos 0.95, 0.85, 0.81)
+    assert curve[3] == pytest.approx(20.0)
+
+
+def test_threshold_table_marks_the_default(toy_page):
+    text = "".join(parse(toy_page).text)
+    assert "0.8 (default)20.0%" in text
+
+
+def test_case_categories_and_picks():
+    df = positions_frame()
+    cats = categories(df)
+    r1 = cats[df["request"].to_numpy() == 1]
+    assert "".join(r1) == "p" * 10 + "r" * 5 + "g" * 5 + "u" * 10
+    picks = pick_cases(df)
+    # request 3 has the highest gap rate but only 3 tokens, request 4 no available position: not picked
+    assert [(label, r) for label, r, _, _ in picks] == [("highest gap rate", 1), ("median gap rate", 2),
+                                                         ("lowest gap rate", 0)]
+    assert picks[0][2] == pytest.approx(1 / 3)
+
+
+def test_case_viewer_spans_carry_category_and_tooltip(toy_page):
+    tags = parse(toy_page)
+    spans = [a for t, a in tags.tags
+             if t == "span" and a.get("class") in CATEGORIES and "position" in a.get("title", "")]
+    assert len(spans) == 30 + 25 + 25  # three requests shown whole
+    recovered = [a["title"] for a in spans if a["class"] == "r"]
+    assert len(recovered) == 5
+    assert "longest match 1" in recovered[0] and "best cos 0.950" in recovered[0]
+    legend = [a for t, a in tags.tags if t == "span" and "swatch" in a.get("class", "")]
+    assert len(legend) == 4
+
+
+def test_model_text_is_escaped(toy_page):
+    page = toy_page
+    tags = assert_offline(page)
+    assert not any(t in ("script", "img", "b") for t, _ in tags.tags)
+    text = "".join(tags.text)
+    for s in ("<script>alert('x')</script>", '"quoted" & \'single\'', "<img src=https://evil.example/x.png",
+              "&amp; &lt;b&gt;", "</span></div><b>bold?</b>"):
+        assert s in text, s
+    assert "\ufffd\ufffd\ufffd" in text  # the invalid bytes, replaced
+    assert "\\x00\\x1b[31m" in text and "\x00" not in page  # control characters spelled out
+    titles = [a["title"] for t, a in tags.tags if t == "span" and "title" in a]
+    assert any("<script>" in t for t in titles)  # the raw piece in the tooltip, as attribute text
+
+
+@pytest.mark.skipif(not STORIES.is_dir(), reason=f"stories260k not found at {STORIES}")
+def test_tokenizer_text_from_meta(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(STORIES)
+    ids = tok.encode("Lily said \"hi\" & ü <b>", add_special_tokens=False)
+    assert any(p.startswith("<0x") for p in tok.convert_ids_to_tokens(ids))  # ü is two byte tokens
+    df = positions_frame(targets={r: ids + [9999] for r in range(5)})  # 9999: outside the 512-token vocabulary
+    runs = make_runs(tmp_path, model=str(STORIES), df=df, decode=False)
+    (result,) = find_results(runs)
+    page = result_page(result)  # loads the tokenizer named by traces/meta.json
+    tags = assert_offline(page)
+    cases = "".join(tags.text)
+    assert "Lily said \"hi\" & \ufffd\ufffd <b>⟨9999⟩" in cases and "token ids are shown" not in cases
+    assert any("'<0xC3>'" in a.get("title", "") for _, a in tags.tags)
+    assert not any(t == "b" for t, _ in tags.tags)
+    # an unloadable tokenizer falls back to ids, and says so
+    fallback = load_token_text(str(tmp_path / "no-such-model"))
+    assert fallback.note and "could not be loaded" in fallback.note
+    assert fallback.display([5, 7])[0] == ["⟨5⟩", "⟨7⟩"]
+
+
+def test_missing_blocks_say_not_available(tmp_path):
+    df = positions_frame()
+    runs = make_runs(tmp_path, df=df, summary=census_summary(df, mechanism=1, coverage=1, recall=1),
+                     positions=False, decode=False)
+    page = render_one(runs)
+    assert_offline(page)
+    text = "".join(parse(page).text)
+    assert "not available: the census summary has no mechanism block" in text
+    assert "not available: the census summary has no coverage block" in text
+    assert text.count("positions.parquet is missing") == 4  # cliff, novel, threshold, cases
+    assert "recall of the semantic key is not available" in text
+    assert "not available: no decoder results" in text
+
+
+def test_positions_without_optional_columns(tmp_path):
+    full = positions_frame()
+    df = full.drop("sem_best_cos", "novel_prev")
+    page = render_one(make_runs(tmp_path, df=df, summary=census_summary(full), decode=False))
+    tags = parse(page)
+    text = "".join(tags.text)
+    assert "lacks the column(s) novel_prev" in text and "lacks the column(s) sem_best_cos" in text
+    assert "The cliff" in text
+    titles = [a.get("title", "") for t, a in tags.tags if t == "span" and "position" in a.get("title", "")]
+    assert titles and all("best cos n/a" in t for t in titles)  # the viewer stands without cosines
+
+
+def test_odd_summary_values_render_as_not_available(tmp_path):
+    odd = {"positions": "many", "requests": None, "layer": [1], "pool": 5, "gap": 0.3,
+           "available": {"value": "x", "wilson": "no"}, "recall": {"value": 0.5, "wilson": [0.1], "bootstrap": None},
+           "mechanism": {"a": [1, 2], "b": {"c": {"value": 1}}, "median_context_at_success": "str"},
+           "coverage": {"reaches": {"semantic": 0.5, "x": "y"}, "only_it": [1], "unions": 3, "lift": {"a~b": None}},
+           "config": [1], "notes": "a note"}
+    runs = make_runs(tmp_path, df=positions_frame().head(0), summary=odd)
+    arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
+    (arm / "summary.json").write_text(json.dumps({"tau": "fast", "speedup": None, "lossless": "yes",
+                                                  "accepted_by_source": {"semantic": "many", "sam": 3}}))
+    pages = render_site(find_results(runs), token_text=nasty_text())
+    text = "".join(parse(pages["toy__toy-model.html"]).text)
+    assert "positions.parquet has no rows" in text and "a note" in text and "n/a" in text
+    assert "50.0%" in text  # the one well-formed proportion still shows
+    for page in pages.values():
+        assert_offline(page)
+
+
+def test_sole_source_share_and_recommendation(tmp_path):
+    runs = make_runs(tmp_path)
+    arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
+    got = sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet")
+    assert got == {"share": 0.3, "sole": 3, "accepted": 10, "from": "cycles.parquet"}
+    # the decoder's own figure wins when summary.json carries it
+    assert sole_source_share({"sole_source_share": {"value": 0.05}}, arm / "cycles.parquet")["share"] == 0.05
+    # an arm without the semantic source has no share
+    lex = runs / "toy" / "toy-model" / "decode" / "lexical"
+    assert sole_source_share(json.loads((lex / "summary.json").read_text()), lex / "cycles.parquet") is None
+    assert recommendation(0.12)[0] == "enable" and recommendation(0.05)[0] == "neutral"
+    assert recommendation(0.01)[0] == "off" and recommendation(0.09)[0] == "neutral"
+    write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": 0.021})
+    text = "".join(parse(render_one(runs)).text)
+    assert "2.10%" in text and "leave the semantic source off" in text
+    assert "oilbird 1.80× over ar, against 2.00× for the best other arm (lexical)" in text
+
+
+def test_pages_are_deterministic(tmp_path):
+    runs = make_runs(tmp_path)
+    a = render_site(find_results(runs), token_text=nasty_text())
+    b = render_site(find_results(runs), token_text=nasty_text())
+    assert a == b and set(a) == {"toy__toy-model.html", "grid.html", "index.html"}
+
+
+# ---------------------------------------------------------------- the command line
+
+def test_cli_writes_site_and_fails_cleanly(tmp_path, capsys):
+    from reports.__main__ import main
+
+    out = tmp_path / "html"
+    (tmp_path / "empty").mkdir()
+    assert main(["--runs", str(tmp_path / "empty"), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: no census or decoder results") and "\n" not in err
+    assert not out.exists()
+    assert main(["--runs", str(tmp_path / "missing"), "--out", str(out), "--quiet"]) == 2
+    assert "no results folder" in capsys.readouterr().err and not out.exists()
+
+    runs = make_runs(tmp_path)  # no traces/meta.json: token ids, no tokenizer
+    assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == ["grid.html", "index.html", "toy__toy-model.html"]
+    assert (out / "index.html").stat().st_mode & 0o777 == 0o644
+    index = (out / "index.html").read_text()
+    assert_offline(index)
+    assert 'href="toy__toy-model.html"' in index and 'href="grid.html"' in index
+    grid = (out / "grid.html").read_text()
+    assert_offline(grid)
+    assert "toy" in "".join(parse(grid).text)
+    page = (out / "toy__toy-model.html").read_text()
+    assert "token ids are shown" in page and "⟨100⟩" in page
+
+    # a corrupt summary: one line, nothing rewritten
+    (runs / "toy" / "toy-model" / "census" / "summary.json").write_text("{not json")
+    before = (out / "index.html").stat().st_mtime_ns
+    assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: cannot read") and "summary.json" in err and "\n" not in err
+    assert (out / "index.html").stat().st_mtime_ns == before
+
+
+def test_other_pool_modes_get_their_own_page(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    warm = runs / "toy" / "toy-model" / "census-warm"
+    shutil.copytree(runs / "toy" / "toy-model" / "census", warm)
+    s = json.loads((warm / "summary.json").read_text())
+    s["pool"] = "warm"
+    (warm / "summary.json").write_text(json.dumps(s))
+    (result,) = find_results(runs)
+    assert [c.pool for c in result.censuses] == ["past", "warm"]
+    pages = render_site([result], token_text=nasty_text())
+    assert page_name(result, result.censuses[1]) in pages
+    assert "pool warm" in pages["toy__toy-model__census-warm.html"]
+
+
+# ---------------------------------------------------------------- a real browser
+
+def find_chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "chrome"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return "/usr/bin/chromium" if Path("/usr/bin/chromium").exists() else None
+
+
+def browse(chromium: str, page: Path, shot: Path, tmp: Path) -> tuple[list[str], list[str]]:
+    """Screenshot `page`; return its console lines and the network requests the page itself made."""
+    netlog = tmp / f"{page.stem}.netlog.json"
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           "--disable-dev-shm-usage", f"--user-data-dir={tmp / 'profile'}", "--enable-logging=stderr", "--v=0",
+           f"--log-net-log={netlog}", f"--screenshot={shot}", "--window-size=1280,2000", page.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert shot.exists(), proc.stderr[-2000:]
+    console = [line for line in proc.stderr.splitlines() if ":CONSOLE" in line or "Uncaught" in line]
+    text = netlog.read_text()
+    try:
+        log = json.loads(text)
+    except json.JSONDecodeError:  # a netlog left unterminated at exit: close the event list
+        log = json.loads(text.rstrip().rstrip(",") + "]}")
+    start_job = log["constants"]["logEventTypes"]["URL_REQUEST_START_JOB"]
+    # The browser's own background fetches (updater, sign-in) have no page site; the page's carry file://.
+    requests = [e["params"].get("url", "") for e in log["events"] if e["type"] == start_job
+                and "file://" in str(e.get("params", {}).get("network_isolation_key", ""))]
+    return console, requests
+
+
+def test_browser_renders_offline_without_errors(tmp_path):
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH or at /usr/bin/chromium (.ci/run installs Debian's chromium)")
+    runs = make_runs(tmp_path)
+    site = tmp_path / "site"
+    write_site(site, render_site(find_results(runs), token_text=nasty_text()))
+    page = site / "toy__toy-model.html"
+    assert_offline(page.read_text())
+    shot = REPO / "reports" / "html" / "screenshot-test.png"
+    shot.parent.mkdir(parents=True, exist_ok=True)
+    shot.unlink(missing_ok=True)
+    console, requests = browse(chromium, page, shot, tmp_path)
+    assert console == [] and requests == []
+    assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    # the same check sees a page that breaks both rules (the control: the detectors work)
+    bad = site / "bad.html"
+    bad.write_text('<!DOCTYPE html><html><body><p>x</p><img src="http://127.0.0.1:9/x.png">'
+                   "<script>undefinedFunction()</script></body></html>")
+    console, requests = browse(chromium, bad, tmp_path / "bad.png", tmp_path)
+    assert any("Uncaught" in line for line in console) and requests == ["http://127.0.0.1:9/x.png"]
