@@ -1,0 +1,86 @@
+"""`python -m census --bench B --model M`: the identifiability-gap census of one trace store;
+`python -m census grid --benches a,b --model M`: the cross-benchmark table."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from census.definitions import CensusConfig
+from data.errors import cli_entry
+
+DEFAULTS = CensusConfig()
+
+
+def _census_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m census",
+                                description="Census of a trace store: available, producible, gap, key recall "
+                                            "(`python -m census grid ...` for the cross-benchmark table)")
+    p.add_argument("--bench", required=True, help="benchmark name, as captured")
+    p.add_argument("--model", default="smollm2-135m", help="model name or alias, as captured")
+    p.add_argument("--out", default="runs", help="runs root (default runs/)")
+    p.add_argument("--pool", choices=["past", "warm"], default=DEFAULTS.pool,
+                   help="past: strictly earlier requests (default); warm: every other request")
+    p.add_argument("--horizon", type=int, default=DEFAULTS.horizon, help="verbatim future for `available` (2)")
+    p.add_argument("--min-suffix", type=int, default=DEFAULTS.min_suffix, help="oracle back-off floor (2)")
+    p.add_argument("--max-suffix", type=int, default=DEFAULTS.max_suffix, help="oracle's longest suffix (16)")
+    p.add_argument("--candidates", type=int, default=DEFAULTS.candidates, help="candidate budget of every key (8)")
+    p.add_argument("--payload-cap", type=int, default=DEFAULTS.payload_cap, help="cap of the payload lengths (32)")
+    p.add_argument("--bootstrap", type=int, default=DEFAULTS.bootstrap, help="request-level bootstrap draws (2000)")
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="bootstrap seed (0)")
+    p.add_argument("--device", default=None, help="kNN device (default: cuda when available)")
+    p.add_argument("--no-embeddings", action="store_true", help="skip the static-embedding key (no model load)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _grid_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks")
+    p.add_argument("--benches", required=True, help="comma-separated benchmark names")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--pool", choices=["past", "warm"], default="past")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["grid"]:
+        return _grid(_grid_parser().parse_args(argv[1:]))
+    args = _census_parser().parse_args(argv)
+    from census.run import format_summary, run_census
+
+    cfg = CensusConfig(pool=args.pool, horizon=args.horizon, min_suffix=args.min_suffix, max_suffix=args.max_suffix,
+                       candidates=args.candidates, payload_cap=args.payload_cap, bootstrap=args.bootstrap,
+                       seed=args.seed, device=args.device).validate()
+    target, summary = run_census(args.bench, args.model, cfg, args.out,
+                                 embeddings=None if args.no_embeddings else "load", progress=not args.quiet)
+    print(format_summary(summary))
+    t = summary["timing"]
+    print(f"  {summary['positions']} positions in {t['census_s']:.1f} s ({t['positions_per_s']:.0f}/s on {t['device']})")
+    print(target)
+    return 0
+
+
+def _grid(args) -> int:
+    from census.grid import format_grid, grid_table
+    from data.models import model_slug
+    from data.store import atomic_write_bytes, atomic_write_json
+    from pathlib import Path
+
+    benches = [b.strip() for b in args.benches.split(",") if b.strip()]
+    grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet)
+    text = format_grid(grid)
+    target = Path(args.out) / "grid" / model_slug(args.model)
+    name = "census_grid" if args.pool == "past" else f"census_grid_{args.pool}"
+    atomic_write_json(target / f"{name}.json", grid)
+    atomic_write_bytes(target / f"{name}.txt", (text + "\n").encode())
+    print(text)
+    print(target / f"{name}.json")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

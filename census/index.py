@@ -1,0 +1,295 @@
+"""The lexical index: an online suffix automaton over the pool's generated tokens.
+
+One automaton holds the pool text: each pooled trace's generated tokens followed by a separator
+(SEP, never a token), so no match crosses a request boundary. It grows trace by trace as requests
+join the pool, and never rescans what it already holds (amortised O(1) per added token).
+
+Occurrence counts. `cnt[s]` is the number of end positions of the state's strings in the pool
+text. Keeping all counts exact online would mean walking the whole suffix-link chain of every new
+token; the census only asks counts of strings of at most `count_len` tokens, so only the states
+holding such strings are counted: the chain from `tail` (the state of the text's last `count_len`
+tokens) to the root, at most `count_len` states per token. A state whose shortest string is longer
+than `count_len` keeps a stale count that nothing reads (its shortest length only grows, and a clone
+of it is as long, so it never becomes readable again).
+
+Exclusion. A pool is "every pooled trace except a few" (earlier traces with the same prompt_hash;
+in warm mode the request's own hash group). `PoolView` answers over `main` minus `excluded`, a
+second automaton holding only the excluded traces: count_pool(v) = count_main(v) - count_excl(v),
+exact because both count the same occurrences of v in those traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+SEP = -1  # trace separator; tokens are >= 0
+
+
+class SuffixAutomaton:
+    """Online suffix automaton with occurrence counts for strings of <= count_len tokens."""
+
+    def __init__(self, count_len: int):
+        self.count_len = int(count_len)
+        self.next: list[dict[int, int]] = [{}]
+        self.link: list[int] = [-1]
+        self.len: list[int] = [0]
+        self.cnt: list[int] = [0]
+        self.last = 0  # state of the whole text
+        self.tail = 0  # state of the text's last tail_len tokens
+        self.tail_len = 0  # min(count_len, text length)
+        self.n_traces = 0
+
+    def add_trace(self, tokens) -> None:
+        """Append one trace's tokens and a separator."""
+        nxt, link, length, cnt = self.next, self.link, self.len, self.cnt
+        K = self.count_len
+        last, tail, tail_len = self.last, self.tail, self.tail_len
+        for c in [int(x) for x in tokens] + [SEP]:
+            cur = len(length)
+            nxt.append({})
+            length.append(length[last] + 1)
+            link.append(0)
+            cnt.append(0)
+            p = last
+            while p != -1 and c not in nxt[p]:
+                nxt[p][c] = cur
+                p = link[p]
+            if p != -1:
+                q = nxt[p][c]
+                if length[p] + 1 == length[q]:
+                    link[cur] = q
+                else:
+                    clone = len(length)
+                    nxt.append(dict(nxt[q]))
+                    length.append(length[p] + 1)
+                    link.append(link[q])
+                    cnt.append(cnt[q])  # endpos(clone) = endpos(q) before this token
+                    while p != -1 and nxt[p].get(c) == q:
+                        nxt[p][c] = clone
+                        p = link[p]
+                    link[q] = clone
+                    link[cur] = clone
+                    if tail == q and tail_len <= length[clone]:
+                        tail = clone  # the old suffix moved into the clone
+            last = cur
+            tail = nxt[tail][c]
+            tail_len += 1
+            if tail_len > K:
+                tail_len = K
+                if length[link[tail]] >= K:
+                    tail = link[tail]
+            s = tail
+            while s > 0:  # every counted state holding a suffix of the new text gains an end position
+                cnt[s] += 1
+                s = link[s]
+        self.last, self.tail, self.tail_len = last, tail, tail_len
+        self.n_traces += 1
+
+    def walk(self, seq) -> int:
+        """State of `seq` (read from the root), or -1 if it occurs nowhere."""
+        s = 0
+        nxt = self.next
+        for a in seq:
+            s = nxt[s].get(int(a), -1)
+            if s < 0:
+                return -1
+        return s
+
+    def count(self, seq) -> int:
+        """Occurrences of seq (len(seq) <= count_len) in the indexed traces."""
+        if len(seq) > self.count_len:
+            raise ValueError(f"counts are kept for strings of at most {self.count_len} tokens")
+        s = self.walk(seq)
+        return self.cnt[s] if s > 0 else 0
+
+
+@dataclass
+class LexicalRow:
+    """Lexical answers for one request: arrays over its generated positions."""
+
+    available: np.ndarray  # bool
+    producible: np.ndarray  # bool
+    oracle_suffix_len: np.ndarray  # int32
+    longest_match_len: np.ndarray  # int32
+
+
+class PoolView:
+    """The pool as `main` minus `excluded` (None: nothing excluded)."""
+
+    def __init__(self, main: SuffixAutomaton, excluded: SuffixAutomaton | None = None):
+        self.main = main
+        self.excluded = excluded if excluded is not None and excluded.n_traces else None
+
+    def count(self, seq) -> int:
+        n = self.main.count(seq)
+        if n and self.excluded is not None:
+            n -= self.excluded.count(seq)
+        return n
+
+    def prefix_len(self, seq, cap: int) -> int:
+        """Longest prefix of seq (at most cap tokens) occurring in the pool."""
+        m, e = self.main, self.excluded
+        s, g, L = 0, 0, 0
+        for a in seq[:cap]:
+            a = int(a)
+            s = m.next[s].get(a, -1)
+            if s < 0:
+                break
+            n = m.cnt[s]
+            if e is not None and g >= 0:
+                g = e.next[g].get(a, -1)
+                if g > 0:
+                    n -= e.cnt[g]
+            if n <= 0:
+                break
+            L += 1
+        return L
+
+    def lexical_pass(self, prompt, output, *, horizon: int, min_suffix: int, max_suffix: int,
+                     candidates: int) -> LexicalRow:
+        """available / producible / oracle_suffix_len / longest_match_len at every generated position.
+
+        One left-to-right walk over prompt + output keeps, in each automaton, the state of the
+        longest context suffix (capped at max_suffix) that occurs there (matching statistics);
+        the oracle's back-off reads the shorter suffixes off the suffix links. Follower lists are
+        memoised per (main state, excluded state): every string of one state pair has the same
+        followers with the same counts, so a back-off step that stays in the pair adds nothing.
+        """
+        m, e = self.main, self.excluded
+        nxt, link, length, cnt = m.next, m.link, m.len, m.cnt
+        if e is not None:
+            enxt, elink, elen, ecnt = e.next, e.link, e.len, e.cnt
+        M = max_suffix
+        out = [int(x) for x in output]
+        ctx = [int(x) for x in prompt] + out
+        P, n = len(prompt), len(out)
+        available = np.zeros(n, bool)
+        producible = np.zeros(n, bool)
+        oracle_len = np.zeros(n, np.int32)
+        longest = np.zeros(n, np.int32)
+        memo: dict[tuple[int, int], list[int]] = {}
+
+        def followers(sm: int, sg: int) -> list[int]:
+            items = []
+            eg = enxt[sg] if sg > 0 else None
+            for a, t in nxt[sm].items():
+                if a < 0:
+                    continue
+                c = cnt[t]
+                if eg is not None:
+                    tg = eg.get(a)
+                    if tg is not None:
+                        c -= ecnt[tg]
+                if c > 0:
+                    items.append((-c, a))  # most frequent first, ties to the smaller token id
+            items.sort()
+            return [a for _, a in items]
+
+        s = l = 0  # main: state and length of the longest matched context suffix
+        g = lg = 0  # excluded: the same
+        for j in range(P + n):
+            if j >= P:
+                t = j - P
+                x = out[t]
+                # available: the h-token future (shorter at the end) occurs in the pool
+                fut = out[t:t + horizon]
+                sm = 0
+                for a in fut:
+                    sm = nxt[sm].get(a, -1)
+                    if sm < 0:
+                        break
+                if sm > 0:
+                    c = cnt[sm]
+                    if e is not None:
+                        sg = 0
+                        for a in fut:
+                            sg = enxt[sg].get(a, -1)
+                            if sg < 0:
+                                break
+                        if sg > 0:
+                            c -= ecnt[sg]
+                    available[t] = c > 0
+                # longest context suffix occurring in the pool (<= max_suffix)
+                if e is None:
+                    longest[t] = l
+                else:
+                    L, sL, gL = l, s, g
+                    while L > 0:
+                        while length[link[sL]] >= L:
+                            sL = link[sL]
+                        c = cnt[sL]
+                        if L <= lg:
+                            while elen[elink[gL]] >= L:
+                                gL = elink[gL]
+                            c -= ecnt[gL]
+                        if c > 0:
+                            break
+                        L -= 1
+                    longest[t] = L
+                # the exact-match oracle, longest suffix first, backing off while < candidates
+                cands: list[int] = []
+                found = used = 0
+                prev = None
+                sL, gL = s, g
+                for L in range(l, min_suffix - 1, -1):
+                    while length[link[sL]] >= L:
+                        sL = link[sL]
+                    gk = 0
+                    if e is not None and L <= lg:
+                        while elen[elink[gL]] >= L:
+                            gL = elink[gL]
+                        gk = gL
+                    key = (sL, gk)
+                    if key == prev:
+                        continue
+                    prev = key
+                    fol = memo.get(key)
+                    if fol is None:
+                        fol = memo[key] = followers(sL, gk)
+                    if not fol:
+                        continue
+                    if not used:
+                        used = L
+                    for a in fol:
+                        if a not in cands:
+                            cands.append(a)
+                            if a == x:
+                                found = L
+                            if len(cands) >= candidates:
+                                break
+                    if len(cands) >= candidates:
+                        break
+                producible[t] = found > 0
+                oracle_len[t] = found if found else used
+            if j == P + n - 1:
+                break
+            # extend the matched suffix by the next context token (matching statistics)
+            c = ctx[j]
+            while s and c not in nxt[s]:
+                s = link[s]
+                l = length[s]
+            t2 = nxt[s].get(c)
+            if t2 is None:
+                s = l = 0
+            else:
+                s, l = t2, l + 1
+                if l > M:
+                    l = M
+                    if length[link[s]] >= M:
+                        s = link[s]
+            if e is not None:
+                while g and c not in enxt[g]:
+                    g = elink[g]
+                    lg = elen[g]
+                t2 = enxt[g].get(c)
+                if t2 is None:
+                    g = lg = 0
+                else:
+                    g, lg = t2, lg + 1
+                    if lg > M:
+                        lg = M
+                        if elen[elink[g]] >= M:
+                            g = elink[g]
+        return LexicalRow(available, producible, oracle_len, longest)

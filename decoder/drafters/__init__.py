@@ -1,0 +1,82 @@
+"""The training-free drafters, one per arm, behind the `Drafter` protocol of `decoder.draft`.
+
+Every drafter is a thin class around pure functions in its module and offers, beyond the protocol:
+  - `begin_request(prompt, prompt_hash=None)`: pool traces added under the same prompt hash
+    (default: `data.capture.prompt_hash(prompt)`) are never drafted from during this request; the
+    automaton arms exclude them at match time (see `sam.AutomatonIndex`);
+  - `add_trace(output_tokens, prompt_hash=None)`: put a finished trace in the pool (None: never
+    excluded). `end_request(prompt, output, hidden)` is add_trace(output, prompt_hash(prompt)),
+    so a `--warm-from` store fed through end_request is keyed like served requests.
+
+    make_drafter("lexical", vocab_size=lm.vocab_size, nodes=60, adjacency_reserve=16)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from data.errors import OilbirdError
+from decoder.draft import Draft
+from decoder.drafters.lexical import LexicalDrafter
+from decoder.drafters.pld import PldDrafter
+from decoder.drafters.recycling import RecyclingDrafter
+from decoder.drafters.sam import SamDrafter
+from decoder.drafters.suffix import SuffixDrafter
+
+
+@dataclasses.dataclass
+class NoConfig:
+    pass
+
+
+class NullDrafter:
+    """Arm `ar`: drafts nothing, so every pass commits exactly the model's own next token."""
+
+    name = "ar"
+    Config = NoConfig
+
+    def __init__(self, vocab_size: int, nodes: int = 60, config: NoConfig | None = None) -> None:
+        self.vocab_size, self.nodes = vocab_size, nodes
+
+    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        pass
+
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        pass
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        return Draft()
+
+    def observe(self, context: Sequence[int], result) -> None:
+        pass
+
+    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
+        pass
+
+
+DRAFTERS = {
+    "ar": NullDrafter,
+    "pld": PldDrafter,
+    "suffix": SuffixDrafter,
+    "sam": SamDrafter,
+    "recycling": RecyclingDrafter,
+    "lexical": LexicalDrafter,
+}
+
+
+def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, **options):
+    """A fresh drafter for arm `name`; `options` set fields of that drafter's Config dataclass."""
+    cls = DRAFTERS.get(name)
+    if cls is None:
+        raise OilbirdError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
+    if vocab_size <= 0 or nodes < 0:
+        raise OilbirdError(f"drafter {name!r} needs vocab_size > 0 and nodes >= 0 (got {vocab_size}, {nodes})")
+    fields = {f.name for f in dataclasses.fields(cls.Config)}
+    unknown = sorted(set(options) - fields)
+    if unknown:
+        raise OilbirdError(f"drafter {name!r} has no option {', '.join(unknown)}; "
+                           f"options: {', '.join(sorted(fields)) or 'none'}")
+    return cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**options))

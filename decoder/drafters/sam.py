@@ -1,0 +1,403 @@
+"""Suffix-automaton drafting (SAM-Decoding style), and the automaton core the lexical arms share.
+
+`SuffixAutomaton` is a generalized suffix automaton built online: `start_sequence()` then
+`extend(token, group)` per token, O(1) amortized for the automaton itself. Each sequence is
+inserted from the root, so no matched string ever crosses a sequence boundary. Beside the
+automaton every state keeps
+  - `count`: |endpos|, the number of occurrences of its strings (SuffixDecoding's node count);
+  - `pos`: the most recent end position of its strings in `text`;
+  - `pos2`: the most recent end position whose group differs from `pos`'s group (-1 if none).
+These are maintained by walking the new position's suffix-link chain (cost = chain length: a few
+states on natural text, up to the period count on looping text). `pos2` makes exclusion exact:
+for any single excluded group, `pos` or `pos2` is the most recent occurrence outside it.
+
+`AutomatonIndex` holds two automata: the pool (finished traces, group = the trace's prompt
+hash) and the request (prompt + committed tokens, group = position, so `pos2` is the previous
+occurrence). Same-prompt skipping: `begin_request(prompt, prompt_hash)` makes that hash (default
+`data.capture.prompt_hash(prompt)`, the hash the trace store keeps) the excluded group: its
+occurrences are never used as copy positions, and their counts are subtracted
+(`excluded_counts`, computed once per request by re-walking those traces), so the excluded
+traces neither supply tokens nor rank branches.
+
+`SamDrafter` (arm `sam`): the longest suffix of the context that occurs earlier (in the request)
+or anywhere in the pool; the longer one's continuation (up to 32 tokens) is the spine, then the
+match state's next most frequent children, each continued from its own most recent occurrence.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Callable, Hashable, Sequence
+
+import numpy as np
+
+from data.capture import prompt_hash as hash_prompt
+from decoder.draft import Draft
+
+SEP = -1  # separates sequences in `SuffixAutomaton.text`; never a transition
+NO_GROUP = -2  # an excluded group that matches nothing
+REFEED = 256  # tokens re-fed to the pool matcher after the pool changed mid-request
+
+
+def extends(context: Sequence[int], seen: list[int]) -> bool:
+    """Whether `context` starts with `seen` (one C-level list comparison per cycle)."""
+    if len(context) < len(seen):
+        return False
+    prefix = context[: len(seen)]
+    if not isinstance(prefix, list):
+        prefix = [int(t) for t in prefix]
+    return prefix == seen
+
+
+class SuffixAutomaton:
+    """Generalized suffix automaton over token sequences with occurrence counts and recent positions."""
+
+    def __init__(self) -> None:
+        self.length: list[int] = [0]  # longest string of the state
+        self.link: list[int] = [-1]  # suffix link
+        self.next: list[dict[int, int]] = [{}]  # transitions
+        self.count: list[int] = [0]  # |endpos| (the root's is not kept)
+        self.pos: list[int] = [-1]  # most recent end position in `text`
+        self.pos2: list[int] = [-1]  # most recent end position with a group other than pos's
+        self.text: list[int] = []  # every token extended, SEP between sequences
+        self.group: list[int] = []  # group id of each text position (SEP positions: -1)
+        self.last = 0
+
+    def __len__(self) -> int:
+        return len(self.length)
+
+    def start_sequence(self) -> None:
+        if self.text and self.text[-1] != SEP:
+            self.text.append(SEP)
+            self.group.append(-1)
+        self.last = 0
+
+    def _clone(self, p: int, q: int, token: int) -> int:
+        c = len(self.length)
+        self.length.append(self.length[p] + 1)
+        self.link.append(self.link[q])
+        self.next.append(dict(self.next[q]))
+        self.count.append(self.count[q])  # before the split, the shorter strings shared q's endpos
+        self.pos.append(self.pos[q])
+        self.pos2.append(self.pos2[q])
+        nxt = self.next
+        while p != -1 and nxt[p].get(token) == q:
+            nxt[p][token] = c
+            p = self.link[p]
+        self.link[q] = c
+        return c
+
+    def extend(self, token: int, group: int = 0) -> None:
+        """Append `token` to the current sequence (group: who this occurrence belongs to)."""
+        i = len(self.text)
+        self.text.append(token)
+        self.group.append(group)
+        length, link, nxt = self.length, self.link, self.next
+        p = self.last
+        q = nxt[p].get(token)
+        if q is not None:  # the sequence so far already occurs (only near a sequence start)
+            cur = q if length[q] == length[p] + 1 else self._clone(p, q, token)
+        else:
+            cur = len(length)
+            length.append(length[p] + 1)
+            link.append(0)
+            nxt.append({})
+            self.count.append(0)
+            self.pos.append(-1)
+            self.pos2.append(-1)
+            while p != -1 and token not in nxt[p]:
+                nxt[p][token] = cur
+                p = link[p]
+            if p != -1:
+                q = nxt[p][token]
+                link[cur] = q if length[q] == length[p] + 1 else self._clone(p, q, token)
+        self.last = cur
+        # every state on cur's suffix chain now also ends at i
+        count, pos, pos2, grp = self.count, self.pos, self.pos2, self.group
+        v = cur
+        while v > 0:
+            count[v] += 1
+            pv = pos[v]
+            if pv >= 0 and grp[pv] != group:
+                pos2[v] = pv
+            pos[v] = i
+            v = link[v]
+
+    def add_sequence(self, tokens: Sequence[int], group: int = 0) -> None:
+        self.start_sequence()
+        for t in tokens:
+            self.extend(int(t), group)
+
+    def step(self, state: int, matched: int, token: int) -> tuple[int, int]:
+        """Longest-match walk: (state, length) of the longest suffix of (matched text + token) present."""
+        nxt, link = self.next, self.link
+        while state and token not in nxt[state]:
+            state = link[state]
+            matched = self.length[state]
+        q = nxt[state].get(token)
+        if q is None:
+            return 0, 0
+        return q, matched + 1
+
+    def match(self, tokens: Sequence[int]) -> tuple[int, int]:
+        state = matched = 0
+        for t in tokens:
+            state, matched = self.step(state, matched, int(t))
+        return state, matched
+
+    def state_of(self, tokens: Sequence[int]) -> int:
+        """The state holding exactly `tokens` (0 for the empty string), or -1 if it never occurs."""
+        state = 0
+        for t in tokens:
+            state = self.next[state].get(int(t), -1)
+            if state < 0:
+                return -1
+        return state
+
+    def shorten(self, state: int, matched: int, cap: int) -> tuple[int, int]:
+        """The state of the length-`cap` suffix of a match longer than `cap`."""
+        if matched <= cap:
+            return state, matched
+        while self.length[self.link[state]] >= cap:
+            state = self.link[state]
+        return state, cap
+
+    def continuation(self, pos: int, k: int) -> list[int]:
+        """Up to k tokens after text position `pos`, stopping at the end of its sequence."""
+        seg = self.text[pos + 1 : pos + 1 + k]
+        if SEP in seg:
+            seg = seg[: seg.index(SEP)]
+        return seg
+
+    def occurrence(self, state: int, excluded: int = NO_GROUP) -> int:
+        """The most recent end position of `state` outside group `excluded` (-1 if none)."""
+        p = self.pos[state]
+        if p >= 0 and self.group[p] == excluded:
+            p = self.pos2[state]
+        return p
+
+    def counts_within(self, spans: Sequence[tuple[int, int]]) -> dict[int, int]:
+        """Per state, how many of its occurrences end inside text[start:end] for the given sequences."""
+        out: dict[int, int] = {}
+        for start, end in spans:
+            state = 0
+            for i in range(start, end):
+                state = self.next[state][self.text[i]]
+                v = state
+                while v > 0:
+                    out[v] = out.get(v, 0) + 1
+                    v = self.link[v]
+        return out
+
+
+class AutomatonIndex:
+    """The pool automaton (finished traces) beside the request automaton (prompt + committed tokens).
+
+    `sync(context)` indexes the tokens committed since the last call and advances the pool's
+    longest-match walk, both O(1) amortized per token; a context that is not an extension of the
+    one seen restarts the request side.
+    """
+
+    def __init__(self) -> None:
+        self.pool = SuffixAutomaton()
+        self.request = SuffixAutomaton()
+        self._group_of: dict[Hashable, int] = {}  # prompt hash -> pool group
+        self._spans: dict[int, list[tuple[int, int]]] = {}  # pool group -> text spans of its traces
+        self._n_groups = 0
+        self.excluded = NO_GROUP
+        self.excluded_counts: dict[int, int] = {}
+        self._pool_state = self._pool_matched = 0
+        self._pool_stale = False
+
+    # pool side
+    def add_trace(self, tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        """A finished trace (generated tokens only) enters the pool; None = never excluded."""
+        if not len(tokens):
+            return
+        if prompt_hash is None:
+            group = self._new_group()
+        else:
+            group = self._group_of.get(prompt_hash)
+            if group is None:
+                group = self._group_of[prompt_hash] = self._new_group()
+        self.pool.start_sequence()
+        start = len(self.pool.text)
+        for t in tokens:
+            self.pool.extend(int(t), group)
+        self._spans.setdefault(group, []).append((start, len(self.pool.text)))
+        if group == self.excluded:
+            self._exclude(group)
+        self._pool_stale = True
+
+    def _new_group(self) -> int:
+        self._n_groups += 1
+        return self._n_groups - 1
+
+    def _exclude(self, group: int) -> None:
+        self.excluded = group
+        self.excluded_counts = self.pool.counts_within(self._spans.get(group, [])) if group >= 0 else {}
+
+    def pool_count(self, state: int) -> int:
+        """Occurrences of `state` in the pool outside the excluded traces."""
+        return self.pool.count[state] - self.excluded_counts.get(state, 0)
+
+    def pool_occurrence(self, state: int) -> int:
+        return self.pool.occurrence(state, self.excluded)
+
+    # request side
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        """Start indexing a request; pool traces added under its prompt hash are not drafted from."""
+        if prompt_hash is None:
+            prompt_hash = hash_prompt(prompt)
+        self._exclude(self._group_of.get(prompt_hash, NO_GROUP))
+        self.request = SuffixAutomaton()
+        self._pool_state = self._pool_matched = 0
+        self._pool_stale = False
+        self.sync(prompt)
+
+    def sync(self, context: Sequence[int]) -> None:
+        req = self.request
+        seen = len(req.text)
+        n = len(context)
+        if not extends(context, req.text):
+            self.request = req = SuffixAutomaton()
+            self._pool_state = self._pool_matched = 0
+            seen = 0
+        if self._pool_stale:
+            self._pool_state, self._pool_matched = self.pool.match(context[max(0, seen - REFEED) : seen])
+            self._pool_stale = False
+        state, matched = self._pool_state, self._pool_matched
+        pool_step = self.pool.step
+        for i in range(seen, n):
+            t = int(context[i])
+            req.extend(t, i)
+            state, matched = pool_step(state, matched, t)
+        self._pool_state, self._pool_matched = state, matched
+
+    def anchor(self) -> int:
+        return self.request.text[-1]
+
+    def pool_match(self) -> tuple[int, int]:
+        """(state, length): the longest suffix of the context present in the pool (ignoring exclusion)."""
+        return self._pool_state, self._pool_matched
+
+    def request_match(self) -> tuple[int, int]:
+        """(state, length): the longest suffix of the context that also occurs earlier in it."""
+        req = self.request
+        v = req.last
+        while v > 0 and req.count[v] < 2:
+            v = req.link[v]
+        return v, req.length[v]
+
+    def request_occurrence(self, state: int) -> int:
+        """The most recent end position of `state` before the context's last token (-1 if none)."""
+        p = self.request.pos[state]
+        return self.request.pos2[state] if p == len(self.request.text) - 1 else p
+
+
+# Drafting from the index: pure functions over an AutomatonIndex.
+
+Chain = list[int]
+
+
+def pool_spine(index: AutomatonIndex, max_tokens: int) -> tuple[int, int, Chain]:
+    """The pool's longest match with a usable continuation: (state, length, continuation)."""
+    pool = index.pool
+    state, matched = index.pool_match()
+    while state > 0:
+        if index.pool_count(state) > 0:
+            p = index.pool_occurrence(state)
+            if p >= 0:
+                cont = pool.continuation(p, max_tokens)
+                if cont:
+                    return state, matched, cont
+        state = pool.link[state]
+        matched = pool.length[state]
+    return 0, 0, []
+
+
+def request_spine(index: AutomatonIndex, max_tokens: int) -> tuple[int, int, Chain]:
+    """The request's longest earlier match: (state, length, continuation after its last occurrence)."""
+    state, matched = index.request_match()
+    if state <= 0:
+        return 0, 0, []
+    p = index.request_occurrence(state)
+    return state, matched, index.request.continuation(p, max_tokens)
+
+
+def frequent_branches(sam: SuffixAutomaton, state: int, count: Callable[[int], int],
+                      occurrence: Callable[[int], int], top: int, max_tokens: int,
+                      skip: int | None = None) -> list[Chain]:
+    """The `top` most frequent next tokens after `state` (except `skip`), each continued from its
+    child's most recent occurrence: [token] + what followed it, up to `max_tokens` in all."""
+    if top <= 0 or max_tokens <= 0:
+        return []
+    ranked = heapq.nlargest(  # by count, then by recency of the occurrence that would be copied
+        top, ((count(child), occurrence(child), tok) for tok, child in sam.next[state].items() if tok != skip)
+    )
+    chains = []
+    for n, p, tok in ranked:
+        if n > 0:
+            chains.append([tok] + (sam.continuation(p, max_tokens - 1) if p >= 0 else []))
+    return chains
+
+
+def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
+                     branch_max: int = 32) -> tuple[Chain, list[Chain]]:
+    """The spine (the longer of the request's and the pool's match continuations; ties go to the
+    request) and the frequency branches at that match's state."""
+    r_state, r_len, r_cont = request_spine(index, spine_max)
+    p_state, p_len, p_cont = pool_spine(index, spine_max)
+    if not r_cont and not p_cont:
+        return [], []
+    if r_cont and r_len >= p_len:
+        req = index.request
+        branches = frequent_branches(req, r_state, req.count.__getitem__, index.request_occurrence,
+                                     branch_top, branch_max, skip=r_cont[0])
+        return r_cont, branches
+    branches = frequent_branches(index.pool, p_state, index.pool_count, index.pool_occurrence,
+                                 branch_top, branch_max, skip=p_cont[0])
+    return p_cont, branches
+
+
+@dataclass
+class SamConfig:
+    spine_max: int = 32  # tokens copied after the longest match
+    branch_top: int = 3  # next most frequent branches at the match state
+    branch_max: int = 32  # tokens per branch
+
+
+class SamDrafter:
+    """Arm `sam`: the automaton's longest-match continuation, then its frequency branches."""
+
+    name = "sam"
+    Config = SamConfig
+
+    def __init__(self, vocab_size: int, nodes: int = 60, config: SamConfig | None = None) -> None:
+        self.vocab_size, self.nodes = vocab_size, nodes
+        self.config = config or SamConfig()
+        self.index = AutomatonIndex()
+
+    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        self.index.add_trace(output_tokens, prompt_hash)
+
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        self.index.begin_request(prompt, prompt_hash)
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        self.index.sync(context)
+        c = self.config
+        spine, branches = automaton_chains(self.index, c.spine_max, c.branch_top, c.branch_max)
+        draft = Draft()
+        for chain in [spine, *branches]:
+            if len(draft) >= budget:
+                break
+            draft.add_chain(chain, self.name, budget)
+        return draft
+
+    def observe(self, context: Sequence[int], result) -> None:
+        pass  # the automaton learns from the committed context at the next propose
+
+    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
+        self.index.add_trace(output, hash_prompt(prompt))
