@@ -25,7 +25,7 @@ import polars as pl
 from census.stats import wilson  # noqa: F401  (re-exported for the pages)
 from data.errors import OilbirdError
 
-# positions.parquet columns the pages use (census/SCHEMA.md); others are ignored.
+# positions.parquet columns the pages use (README, "Census outputs"); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",
                     "longest_match_len", "sem_hit", "sem_best_cos", "emb_hit", "adj_hit", "novel_prev")
 SEMANTIC_SOURCE = "semantic"  # the decoder's label for the semantic draft source
