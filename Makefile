@@ -17,7 +17,7 @@ MAX_NEW ?= 256
 BATCH   ?= 8
 CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW))
 
-.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode clean
+.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird clean
 
 install: $(STAMP)
 
@@ -53,7 +53,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow tests
 
-bench: bench-capture bench-census bench-reports bench-decode
+bench: bench-capture bench-census bench-reports bench-decode bench-oilbird
 
 bench-capture: $(STAMP)
 	$(PY) benchmarks/bench_capture.py $(ARGS)
@@ -66,6 +66,9 @@ bench-reports: $(STAMP)
 
 bench-decode: $(STAMP)
 	$(PY) benchmarks/bench_decode.py $(ARGS)
+
+bench-oilbird: $(STAMP)
+	$(PY) benchmarks/bench_oilbird.py --model $(MODEL) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

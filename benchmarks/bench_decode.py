@@ -22,7 +22,7 @@ import torch
 
 from data.errors import OilbirdError, cli_entry
 from data.models import load_model
-from decoder.harness import REFERENCE_ARM, DecodeConfig, library_drafters, run_decode
+from decoder.harness import DEFAULT_ARMS, DecodeConfig, run_decode
 
 
 def table(rows: list[dict]) -> str:
@@ -45,7 +45,7 @@ def main(argv=None) -> int:
     ap.add_argument("--apibank-limit", type=int, default=100)
     ap.add_argument("--gsm8k-limit", type=int, default=50)
     ap.add_argument("--limit", type=int, default=None, help="overrides both per-benchmark limits")
-    ap.add_argument("--arms", default=None, help="comma-separated (default: ar and every registered drafter)")
+    ap.add_argument("--arms", default=None, help="comma-separated (default: ar, the lexical baselines and oilbird)")
     ap.add_argument("--nodes", type=int, default=60)
     ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each benchmark's cap")
     ap.add_argument("--out", default="runs")
@@ -54,12 +54,19 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None, help="also write every summary here")
     args = ap.parse_args(argv)
 
-    arms = tuple(args.arms.split(",")) if args.arms else (REFERENCE_ARM, *library_drafters())
+    arms = tuple(args.arms.split(",")) if args.arms else DEFAULT_ARMS
     limits = {"apibank": args.apibank_limit, "gsm8k": args.gsm8k_limit}
     if args.limit is not None:
         limits = {b: args.limit for b in limits}
     if any(n < 1 for n in limits.values()):
         raise OilbirdError("limits must be at least 1")
+    rows = serve(args, limits, arms)
+    print(table(rows))
+    return 0
+
+
+def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[dict]:
+    """Load the model once, run every arm on each (benchmark, limit), print the device line; summaries."""
     lm = load_model(args.model, dtype=args.dtype, device=args.device)
     device = torch.cuda.get_device_name(lm.device) if lm.device.type == "cuda" else f"cpu, {torch.get_num_threads()} threads"
     print(f"model {args.model} ({lm.dtype}), device {device}, arms {','.join(arms)}, nodes {args.nodes}", flush=True)
@@ -69,12 +76,13 @@ def main(argv=None) -> int:
         cfg = DecodeConfig(bench=bench, model=args.model, arms=arms, limit=limit, nodes=args.nodes,
                            max_new_tokens=args.max_new_tokens, out=args.out, dtype=args.dtype, device=args.device)
         rows += list(run_decode(cfg, lm=lm).values())
-    print(table(rows))
+    if legend:
+        print(legend)
     print(f"device: {device}; wall {time.perf_counter() - t0:.0f} s; outputs under {args.out}/<bench>/{lm.slug}/decode/")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"device": device, "summaries": rows}, f, indent=2)
-    return 0
+    return rows
 
 
 if __name__ == "__main__":

@@ -8,10 +8,24 @@ import sys
 from data.errors import cli_entry
 
 
-def _known_arms() -> list[str]:
-    from decoder.harness import REFERENCE_ARM, library_drafters
-
-    return [REFERENCE_ARM, *library_drafters()]
+ARMS_HELP = """arms:
+  ar                     plain greedy decoding (the reference; always run first)
+  pld, suffix, sam, recycling, lexical
+                         the lexical drafters (prompt lookup, SuffixDecoding, SAM-Decoding,
+                         Token Recycling, and the merged spine/branch/adjacency tree)
+  oilbird                the method: lexical tree in 60 - 16 nodes, then the semantic key's chains,
+                         the automaton branches and rejected-branch rollouts merged from the root
+                         into the 16 reserved nodes
+ablations of oilbird (same drafter, one setting changed):
+  oilbird-no-semantic    --no-semantic: the key never queried, everything else equal
+  semantic-only          both lexical sources off, no gate: key chains + rollouts from the root
+  semantic-null          semantic-only retrieving nothing from the key (its null control)
+  oilbird-root-attached  retrieved chains hung from the root instead of merged into the tree
+  oilbird-request-key    one key query per request selecting whole traces
+  oilbird-fixed-depth    copy depth by neighbour rank instead of by similarity
+  pld+key, recycling+key the key transplanted into those hosts at an unchanged node budget
+summary.json of the key arms adds sole_source_share, semantic_time_s, retrieval_fraction and
+store_bytes_per_token."""
 
 
 @cli_entry
@@ -19,11 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m decoder",
         description="Serve a benchmark in order with each arm (ar first, the reference), writing "
-                    "runs/<bench>/<model>/decode/<arm>/{cycles.parquet,requests.parquet,summary.json}.")
+                    "runs/<bench>/<model>/decode/<arm>/{cycles.parquet,requests.parquet,summary.json}.",
+        epilog=ARMS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True, help="benchmark name (python -m data list) or jsonl:PATH")
     p.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
     p.add_argument("--arms", default=None,
-                   help="comma-separated arms (default: all of them); ar is always run first")
+                   help="comma-separated arms (default: ar,pld,suffix,sam,recycling,lexical,oilbird); ar is always run first")
     p.add_argument("--limit", type=int, default=None, help="first N requests only")
     p.add_argument("--nodes", type=int, default=60, help="draft node budget per verification pass (default 60)")
     p.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: the benchmark's)")
@@ -35,9 +50,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
-    from decoder.harness import DecodeConfig, format_table, run_decode
+    from decoder.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
 
-    arms = tuple(args.arms.split(",")) if args.arms is not None else tuple(_known_arms())
+    arms = tuple(args.arms.split(",")) if args.arms is not None else DEFAULT_ARMS
     cfg = DecodeConfig(bench=args.bench, model=args.model, arms=arms, limit=args.limit, nodes=args.nodes,
                        max_new_tokens=args.max_new_tokens, out=args.out, warm_from=args.warm_from,
                        dtype=args.dtype, device=args.device, progress=not args.quiet)

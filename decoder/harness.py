@@ -9,7 +9,11 @@ and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`:
   requests.parquet  one row per request: request, id, group, prompt_hash, output_tokens,
                     stop_reason, seconds, prefill_s, pool_s, passes
   summary.json      tau, tokens/s, speedup over this invocation's ar, time split and overhead
-                    fraction, the lossless audit against ar, per-source drafted/accepted tokens
+                    fraction, the lossless audit against ar, per-source drafted/accepted tokens;
+                    for arms with the semantic key: sole_source_share {value, sole, accepted}
+                    (accepted draft tokens only the "semantic" source proposed / all accepted draft
+                    tokens), semantic_time_s (the key's queries), retrieval_fraction (key + ring
+                    buffer time / cycle time), store_bytes_per_token and the drafter's counters
 
 The folder is written beside its final place and renamed in, so it is never half old, half new.
 
@@ -47,6 +51,10 @@ from decoder.draft import Drafter
 from decoder.engine import Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
 
 REFERENCE_ARM = "ar"
+# what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
+# Oilbird; the ablations (python -m decoder --help) are opt-in
+DEFAULT_ARMS = ("ar", "pld", "suffix", "sam", "recycling", "lexical", "oilbird")
+SEMANTIC_SOURCE = "semantic"  # the semantic key's source label (the sole-source share counts it)
 
 # An arm factory builds a fresh drafter (an empty pool) for a loaded model and a config.
 ArmFactory = Callable[[LoadedModel, "DecodeConfig"], Drafter]
@@ -75,13 +83,13 @@ def library_drafters() -> dict[str, ArmFactory]:
     spec = importlib.util.find_spec("decoder.drafters")
     if spec is None or spec.origin is None:  # no package, or a folder without __init__.py yet
         return {}
-    from decoder.drafters import DRAFTERS, make_drafter
+    from decoder.drafters import arm_names, make_drafter
 
     def factory(name: str) -> ArmFactory:
         return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes)
 
     # the library's own "ar" (an empty-draft drafter) would shadow the plain greedy reference
-    return {name: factory(name) for name in DRAFTERS if name != REFERENCE_ARM}
+    return {name: factory(name) for name in arm_names() if name != REFERENCE_ARM}
 
 
 def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -> tuple[list[str], bool]:
@@ -132,6 +140,7 @@ class ArmRun:
     generations: list[Generation]
     pool_s: list[float]  # end_request time per request
     warm_s: float = 0.0
+    drafter_stats: dict | None = None  # the drafter's own counters (`stats()`), e.g. the semantic key's
 
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
@@ -173,7 +182,8 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         bar.close()
         if tap is not None:
             tap.close()
-    return ArmRun(name, gens, pool_s, warm_s)
+    stats = drafter.stats() if drafter is not None and hasattr(drafter, "stats") else None
+    return ArmRun(name, gens, pool_s, warm_s, stats)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -218,6 +228,11 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
                 accepted[src] = accepted.get(src, 0) + 1
         for src, k in c.node_sources.items():
             drafted[src] = drafted.get(src, 0) + k
+    sole = sum(1 for c in cycles for label in c.sources if label == SEMANTIC_SOURCE)
+    n_accepted = sum(len(c.sources) for c in cycles)
+    stats = run.drafter_stats or {}
+    has_key = SEMANTIC_SOURCE in drafted or bool(stats.get("semantic_key"))
+    retrieval_s = stats.get("semantic_time_s", 0.0) + stats.get("rollout_time_s", 0.0)
     tok_s = tokens_per_s(run)
     ref_tok_s = tokens_per_s(reference) if reference is not None else 0.0
     stops: dict[str, int] = {}
@@ -243,6 +258,13 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         "accepted_by_source": dict(sorted(accepted.items())),
         "drafted_by_source": dict(sorted(drafted.items())),
         "acceptance_rate_by_source": {s: accepted.get(s, 0) / k for s, k in sorted(drafted.items()) if k},
+        # accepted draft tokens whose only proposer was the semantic source, over all accepted draft tokens
+        "sole_source_share": {"value": sole / n_accepted if n_accepted else None, "sole": sole,
+                              "accepted": n_accepted} if has_key else None,
+        "semantic_time_s": stats.get("semantic_time_s") if stats else None,
+        "retrieval_fraction": retrieval_s / cycle_s if stats and cycle_s else None,
+        "store_bytes_per_token": stats.get("store_bytes_per_token") if stats else None,
+        "drafter_stats": stats or None,
         "stop_reasons": stops,
         "lossless": lossless_audit(run, reference, request_ids) if reference is not None else None,
     }
@@ -350,10 +372,13 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
 
 def format_table(summaries: dict[str, dict]) -> str:
     """tau, tokens/s, speedup, overhead and the audit per arm, as printed at the end of a run."""
-    lines = [f"{'arm':<12} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'overhead':>9} {'lossless':>10}"]
+    width = max([12, *(len(n) + 1 for n in summaries)])
+    lines = [f"{'arm':<{width}} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'overhead':>9} {'sole':>6} {'lossless':>10}"]
     for name, s in summaries.items():
         audit = s["lossless"]
-        lines.append(f"{name:<12} {s['tau']:>6.2f} {s['tokens_per_s']:>8.1f} "
-                     f"{(s['speedup'] or 0):>7.2f}x {100 * s['overhead_fraction']:>8.1f}% "
+        share = s.get("sole_source_share")
+        sole = f"{100 * share['value']:>5.1f}%" if share and share["value"] is not None else f"{'-':>6}"
+        lines.append(f"{name:<{width}} {s['tau']:>6.2f} {s['tokens_per_s']:>8.1f} "
+                     f"{(s['speedup'] or 0):>7.2f}x {100 * s['overhead_fraction']:>8.1f}% {sole} "
                      f"{audit['matched']:>4}/{audit['requests']:<5}")
     return "\n".join(lines)

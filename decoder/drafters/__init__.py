@@ -9,6 +9,10 @@ Every drafter is a thin class around pure functions in its module and offers, be
     so a `--warm-from` store fed through end_request is keyed like served requests.
 
     make_drafter("lexical", vocab_size=lm.vocab_size, nodes=60, adjacency_reserve=16)
+
+The Oilbird arms (`oilbird` and its ablations, see decoder/drafters/oilbird.py) are one drafter
+class under named presets: `ARM_PRESETS` maps an arm name to OilbirdConfig options, and
+`make_drafter` accepts those names too (`arm_names()` lists every arm).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import numpy as np
 from data.errors import OilbirdError
 from decoder.draft import Draft
 from decoder.drafters.lexical import LexicalDrafter
+from decoder.drafters.oilbird import ARM_PRESETS, OilbirdDrafter
 from decoder.drafters.pld import PldDrafter
 from decoder.drafters.recycling import RecyclingDrafter
 from decoder.drafters.sam import SamDrafter
@@ -64,14 +69,24 @@ DRAFTERS = {
     "sam": SamDrafter,
     "recycling": RecyclingDrafter,
     "lexical": LexicalDrafter,
+    "oilbird": OilbirdDrafter,
 }
+
+# arm name -> (drafter in DRAFTERS, Config options): the Oilbird ablations
+PRESETS = {name: ("oilbird", options) for name, options in ARM_PRESETS.items() if name not in DRAFTERS}
+
+
+def arm_names() -> list[str]:
+    """Every arm make_drafter knows: the drafters, then the presets."""
+    return [*DRAFTERS, *PRESETS]
 
 
 def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, **options):
     """A fresh drafter for arm `name`; `options` set fields of that drafter's Config dataclass."""
-    cls = DRAFTERS.get(name)
+    base, preset = PRESETS.get(name, (name, {}))
+    cls = DRAFTERS.get(base)
     if cls is None:
-        raise OilbirdError(f"unknown drafter {name!r}; choose from {', '.join(DRAFTERS)}")
+        raise OilbirdError(f"unknown drafter {name!r}; choose from {', '.join(arm_names())}")
     if vocab_size <= 0 or nodes < 0:
         raise OilbirdError(f"drafter {name!r} needs vocab_size > 0 and nodes >= 0 (got {vocab_size}, {nodes})")
     fields = {f.name for f in dataclasses.fields(cls.Config)}
@@ -79,4 +94,7 @@ def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, **options):
     if unknown:
         raise OilbirdError(f"drafter {name!r} has no option {', '.join(unknown)}; "
                            f"options: {', '.join(sorted(fields)) or 'none'}")
-    return cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**options))
+    drafter = cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**{**preset, **options}))
+    if base != name:
+        drafter.name = name
+    return drafter

@@ -36,13 +36,17 @@ class LexicalConfig:
     adjacency_reserve: int = 0  # nodes kept out of the automaton's reach for adjacency expansion
 
 
-def build_lexical(index: AutomatonIndex, table: AdjacencyTable, budget: int, config: LexicalConfig) -> Draft:
-    """Spine, then frequency branches, then adjacency expansion, merged from the root under `budget`."""
+def build_lexical(index: AutomatonIndex, table: AdjacencyTable, budget: int, config: LexicalConfig,
+                  chains: tuple[list[int], list[list[int]]] | None = None) -> Draft:
+    """Spine, then frequency branches, then adjacency expansion, merged from the root under `budget`.
+
+    `chains`: the (spine, branches) of `automaton_chains` when the caller already has them."""
     draft = Draft()
     if budget <= 0:
         return draft
     c = config
-    spine, branches = automaton_chains(index, c.spine_max, c.branch_top, c.branch_max)
+    spine, branches = chains if chains is not None else automaton_chains(index, c.spine_max, c.branch_top,
+                                                                           c.branch_max)
     automaton_budget = max(0, budget - c.adjacency_reserve)
     if spine:
         draft.add_chain(spine, SPINE, automaton_budget)

@@ -1,0 +1,96 @@
+"""`make bench-oilbird`: Oilbird against its hosts and its ablations, with the sole-source share.
+
+Serves each benchmark (default: API-Bank first 200 requests, then GSM8K first 50 as the control) with
+SmolLM2 through `decoder.harness.run_decode` (ar first, every arm audited token for token against it;
+per-arm outputs under runs/<bench>/<model>/decode/<arm>/) and prints per arm: tau, speedup over ar,
+the sole-source share (accepted draft tokens only the semantic source proposed / all accepted draft
+tokens), the retrieval cost as a fraction of cycle time (the key's queries + the ring buffer's
+lookups, timed inside the drafter, over draft + verify + update time), the drafting overhead, and
+the semantic store's bytes per generated token (float16 state + token + row pointers).
+
+Usage: python benchmarks/bench_oilbird.py [--bench apibank,gsm8k] [--limit 200,50] [--model smollm2-135m]
+[--arms ar,recycling,...] [--max-new-tokens N] [--nodes 60] [--out runs] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from bench_decode import serve  # benchmarks/ is the script's directory, so on sys.path
+from data.benchmarks import get_benchmark
+from data.errors import OilbirdError, cli_entry
+
+DEFAULT_ARMS = ("ar", "recycling", "sam", "suffix", "lexical", "oilbird", "oilbird-no-semantic", "semantic-only",
+                "semantic-null", "oilbird-root-attached", "oilbird-request-key", "oilbird-fixed-depth", "pld",
+                "pld+key", "recycling+key")
+
+
+def _pct(x) -> str:
+    return f"{100 * x:>6.1f}%" if isinstance(x, (int, float)) else f"{'-':>7}"
+
+
+def table(rows: list[dict]) -> str:
+    width = max([10, *(len(s["arm"]) for s in rows)])
+    head = (f"{'bench':<8} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {'tok/s':>7} {'speedup':>8} "
+            f"{'sole':>7} {'retrieval':>9} {'overhead':>8} {'B/token':>8} {'lossless':>9}")
+    lines = [head, "-" * len(head)]
+    for s in rows:
+        audit = s["lossless"]
+        share = s.get("sole_source_share")
+        bpt = s.get("store_bytes_per_token")
+        lines.append(f"{s['bench']:<8} {s['arm']:<{width}} {s['requests']:>4} {s['generated_tokens']:>7} "
+                     f"{s['tau']:>6.2f} {s['tokens_per_s']:>7.1f} {(s['speedup'] or 0):>7.2f}x "
+                     f"{_pct(share and share['value'])} {_pct(s.get('retrieval_fraction')):>9} "
+                     f"{_pct(s['overhead_fraction']):>8} {(f'{bpt:.0f}' if bpt else '-'):>8} "
+                     f"{audit['matched']:>4}/{audit['requests']:<4}")
+    return "\n".join(lines)
+
+
+def parse_limits(text: str, n: int) -> list[int | None]:
+    parts = [p.strip() for p in text.split(",")] if text else []
+    if len(parts) == 1:
+        parts = parts * n
+    if len(parts) != n:
+        raise OilbirdError(f"--limit gives {len(parts)} values for {n} benchmarks; give one, or one per benchmark")
+    try:
+        limits = [None if p in ("", "all") else int(p) for p in parts]
+    except ValueError:
+        raise OilbirdError(f"--limit must be integers or 'all' (got {text!r})") from None
+    if any(x is not None and x < 1 for x in limits):
+        raise OilbirdError("limits must be at least 1")
+    return limits
+
+
+@cli_entry
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--bench", default="apibank,gsm8k", help="comma-separated benchmarks (default apibank,gsm8k)")
+    ap.add_argument("--limit", default="200,50", help="first N requests: one value, or one per benchmark")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms (ar always runs first)")
+    ap.add_argument("--nodes", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each benchmark's cap")
+    ap.add_argument("--out", default="runs")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None, help="also write every summary here")
+    args = ap.parse_args(argv)
+
+    benches = [b.strip() for b in args.bench.split(",") if b.strip()]
+    if not benches:
+        raise OilbirdError("--bench is empty")
+    limits = parse_limits(args.limit, len(benches))
+    for bench in benches:
+        get_benchmark(bench)  # an unknown name fails here, before the model loads
+    arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
+    rows = serve(args, dict(zip(benches, limits)), arms,
+                 legend="sole = accepted draft tokens only the semantic source proposed / all accepted draft "
+                        "tokens; retrieval = key + ring-buffer time / cycle time; B/token = semantic store "
+                        "bytes per pooled token")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

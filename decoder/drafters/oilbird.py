@@ -1,0 +1,350 @@
+"""Oilbird (paper section 4, Algorithm 1): the semantic draft source merged into the lexical tree.
+
+One step, as deployed (every default is an `OilbirdConfig` field):
+  1. gate      - if the automaton has no match or the anchor has no adjacency successors, draft what
+                 is available with the whole budget (adjacency only, the lexical chains alone, or
+                 nothing = one AR step) and query nothing else;
+  2. lexical   - `build_lexical` (spine, top-3 branches, adjacency) with budget - B_ret nodes
+                 (B_ret = `retrieval_budget` = 16 of 60);
+  3. key       - s_i = cos(h_t, h_i) over the pool, E_t = top-k (k = 8); fires when max s >= theta
+                 (0.8) and self-calibration is not muting it; each neighbour, by decreasing s, gives
+                 the chain x[i+2 : i+2+D(s)] (see `semantic.py`), chains >= 2 tokens, deduplicated;
+  4. candidates- then the automaton's top-3 branches (<= 32 tokens) and up to 4 rejected-branch
+                 rollouts (anchor token equal, cos >= 0.8);
+  5. merge     - every candidate re-walks the tree from the root (a token already there is walked
+                 and credited, not bought) until B_ret new nodes are spent.
+The engine verifies the tree and commits the accepted path and the bonus token; `observe` takes h_t
+(the state at the last accepted node, or the anchor's: the state that predicted the bonus, uncorrected),
+feeds the adjacency table, the rejected-branch ring buffer and self-calibration; `end_request`
+appends the finished trace's generated tokens and states to the pool (same-prompt traces are masked
+out of every query). The states come from the verification forwards (`VerifyResult.hidden`), never
+from an extra pass. The first pass of a request has no h_t (the prefill computes no state at the
+last prompt token), so it drafts without the key and the rollouts.
+
+Sources (attribution labels): spine, branch, adjacency (the lexical host), pld / recycling (the
+transplant hosts), semantic (the key), rollout (the ring buffer).
+
+Arms (presets of this one drafter, `ARM_PRESETS`):
+  oilbird                the method as above
+  oilbird-no-semantic    the key never queried; everything else equal (branches and rollouts keep B_ret)
+  semantic-only          no lexical sources, no gate: key chains and rollouts from the root, whole budget
+  semantic-null          semantic-only with the key retrieving nothing (its null control)
+  oilbird-root-attached  retrieved chains (key, rollouts) hung from the root as their own branches,
+                         paying for every token, instead of merged into the tree
+  oilbird-request-key    one key query per request (the request's first state against each trace's
+                         first state) selects up to 4 traces; every pass copies, from each, what followed
+                         the context's longest suffix n-gram (<= 4), depth by trace rank
+  oilbird-fixed-depth    per-position key, depth by neighbour rank (16, 8, 4, 2, ...) instead of D(s)
+  pld+key                prompt lookup as the host, the key in B_ret of the same budget
+  recycling+key          Token Recycling as the host, the key in B_ret of the same budget
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Hashable, Sequence
+
+import numpy as np
+
+from data.capture import prompt_hash as hash_prompt
+from decoder.draft import ROOT, Draft
+from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
+from decoder.drafters.pld import NgramIndex
+from decoder.drafters.recycling import AdjacencyTable, default_template
+from decoder.drafters.sam import AutomatonIndex, automaton_chains
+from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SelfCalibration, SemanticPool,
+                                       copy_depth, ngram_continuation, rejected_records, semantic_chains)
+
+SEMANTIC, ROLLOUT = "semantic", "rollout"
+HOSTS = ("lexical", "pld", "recycling", "none")
+KEY_LEVELS = ("position", "request", "null")
+
+Chain = list[int]
+
+
+@dataclass
+class OilbirdConfig:
+    host: str = "lexical"  # lexical | pld | recycling | none (semantic-only: no lexical source, no gate)
+    retrieval_budget: int = 16  # B_ret: nodes reserved for the retrieved chains (key, branches, rollouts)
+    semantic: bool = True  # query the key (False = --no-semantic)
+    key_level: str = "position"  # position (every pass) | request (once per request) | null (retrieve nothing)
+    k: int = 8  # neighbours per query
+    theta: float = 0.8  # the key fires when the best neighbour reaches this cosine
+    depth_schedule: tuple[tuple[float, int], ...] = DEPTH_SCHEDULE  # D(s)
+    rank_depths: tuple[int, ...] | None = None  # --fixed-depth: depth by neighbour rank instead of D(s)
+    offset: int = 2  # chain starts at x[i + offset]
+    min_chain: int = 2  # shorter chains are dropped
+    attach: str = "merge"  # merge (re-walk from the root) | root (each retrieved chain its own root branch)
+    gate: bool = True  # Algorithm 1's gate (ignored for host "none")
+    spine_max: int = 32  # lexical host: spine tokens
+    branch_top: int = 3  # lexical host: frequency branches (in the tree and again among the candidates)
+    branch_max: int = 32  # tokens per branch
+    pld_max_ngram: int = 3  # pld host
+    pld_max_copy: int = 10
+    rollouts: int = 4  # rejected-branch rollouts per pass (0 = ring buffer off)
+    rollout_depth: int = 6  # tokens of endorsed continuation per rejected node
+    rollout_theta: float = 0.8  # cos(h_t, the record's state) needed
+    ring_size: int = 1024  # rejected-branch records kept
+    request_traces: int = 4  # request-level key: traces selected per request
+    request_ngram: int = 4  # request-level key: longest suffix n-gram matched in a selected trace
+    calib_window: int = 32  # self-calibration (see semantic.SelfCalibration): buying passes judged; 0 = off
+    calib_min_hit_rate: float = 1 / 32  # muted below this hit rate over a full window
+    calib_cooldown: int = 64  # passes a muted key skips before it returns
+
+
+# arm name -> OilbirdConfig options
+ARM_PRESETS: dict[str, dict] = {
+    "oilbird": {},
+    "oilbird-no-semantic": {"semantic": False},
+    "semantic-only": {"host": "none"},
+    "semantic-null": {"host": "none", "key_level": "null"},
+    "oilbird-root-attached": {"attach": "root"},
+    "oilbird-request-key": {"key_level": "request", "rank_depths": RANK_DEPTHS},
+    "oilbird-fixed-depth": {"rank_depths": RANK_DEPTHS},
+    "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0},
+    "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0},
+}
+
+
+def hang_from_root(draft: Draft, chain: Sequence[int], source: str, budget: int) -> int:
+    """Root-attached (the ablation): `chain` as a new branch under the anchor, every token bought."""
+    node, added = ROOT, 0
+    for tok in chain:
+        if len(draft) >= budget:
+            break
+        shadowed = draft.child(node, tok)
+        node_new = draft.add_node(node, tok, source)
+        if shadowed is not None:  # keep later merges walking the original node, not this duplicate
+            draft._children[(draft.parents[node_new], int(tok))] = shadowed
+        node = node_new
+        added += 1
+    return added
+
+
+def merge_candidates(draft: Draft, candidates: Sequence[tuple[Chain, str]], budget: int,
+                     root_attached: frozenset[str] = frozenset()) -> list[int]:
+    """Merge (chain, source) candidates in order; new nodes stop once the draft holds `budget` nodes.
+
+    Chains of a source in `root_attached` hang from the root instead. Returns the nodes each
+    candidate bought (its cost, |chain| minus the prefix already on the tree, cut by the budget).
+    A merged candidate still walks (and is credited on) its prefix already on the tree once the
+    budget is spent, so every node lists every source that proposed it.
+    """
+    costs = []
+    for chain, source in candidates:
+        if source in root_attached:
+            costs.append(hang_from_root(draft, chain, source, budget))
+        else:
+            costs.append(draft.add_chain(chain, source, budget))
+    return costs
+
+
+class OilbirdDrafter:
+    """All Oilbird arms: a host tree, the semantic key and the rejected-branch pool under one budget."""
+
+    name = "oilbird"
+    Config = OilbirdConfig
+
+    def __init__(self, vocab_size: int, nodes: int = 60, config: OilbirdConfig | None = None) -> None:
+        self.vocab_size, self.nodes = vocab_size, nodes
+        c = self.config = config or OilbirdConfig()
+        if c.host not in HOSTS:
+            raise ValueError(f"host must be one of {', '.join(HOSTS)} (got {c.host!r})")
+        if c.key_level not in KEY_LEVELS:
+            raise ValueError(f"key_level must be one of {', '.join(KEY_LEVELS)} (got {c.key_level!r})")
+        if c.attach not in ("merge", "root"):
+            raise ValueError(f"attach must be merge or root (got {c.attach!r})")
+        self.index = AutomatonIndex() if c.host == "lexical" else None
+        self.table = AdjacencyTable(vocab_size) if c.host in ("lexical", "recycling") else None
+        self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
+        self.pool = SemanticPool()
+        self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
+        self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
+        self.h_t: np.ndarray | None = None  # the query state: what the last verification left
+        self._first_state: np.ndarray | None = None  # this request's first state (the prompt's last token)
+        self._prompt_hash: Hashable | None = None
+        self._serial = 0  # requests begun
+        self._bought: set[int] = set()  # draft nodes the key bought in the pending pass
+        self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
+        self.counters = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
+                             key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
+                             rollout_time_s=0.0)
+
+    # ------------------------------------------------------------ the pool
+    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None,
+                  hidden: np.ndarray | None = None, key_state: np.ndarray | None = None) -> None:
+        if self.index is not None:
+            self.index.add_trace(output_tokens, prompt_hash)
+        self.pool.add_trace(output_tokens, hidden, prompt_hash, key_state)
+
+    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
+        h = hash_prompt(list(prompt))
+        key = self._first_state if h == self._prompt_hash else None
+        self.add_trace(output, h, hidden, key)
+        self._first_state = None
+
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        h = hash_prompt(list(prompt)) if prompt_hash is None else prompt_hash
+        self._prompt_hash, self._serial = h, self._serial + 1
+        if self.index is not None:
+            self.index.begin_request(prompt, h)
+        if self.ngrams is not None:
+            self.ngrams = NgramIndex(self.config.pld_max_ngram)
+            self.ngrams.sync(prompt)
+        self.pool.exclude(h)
+        self.h_t = self._first_state = None
+        self._selected = None
+        self._bought = set()
+
+    # ------------------------------------------------------------ one step
+    def _host(self, context: Sequence[int], budget: int, chains=None) -> tuple[Draft, bool]:
+        """The host's own draft within `budget`, and whether the gate lets the retrieved sources in.
+
+        `chains`: the lexical host's (spine, branches) from `automaton_chains`."""
+        c, anchor = self.config, int(context[-1])
+        if c.host == "none":
+            return Draft(), True
+        if c.host == "pld":
+            chain = self.ngrams.lookup(c.pld_max_copy)
+            draft = Draft()
+            draft.add_chain(chain[:budget], "pld", budget)
+            return draft, bool(chain)
+        has_adjacency = 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
+        if c.host == "recycling":
+            parents, ranks = default_template(budget) if budget > 0 else ((), ())
+            return self.table.expand(anchor, parents, ranks, budget, "recycling"), has_adjacency
+        lex = LexicalConfig(spine_max=c.spine_max, branch_top=c.branch_top, branch_max=c.branch_max)
+        return build_lexical(self.index, self.table, budget, lex, chains), bool(chains[0]) and has_adjacency
+
+    def _key_chains(self, context: Sequence[int]) -> list[Chain]:
+        """The semantic key's chains for this pass (timed into semantic_time_s)."""
+        c = self.config
+        if not c.semantic or c.key_level == "null" or self.h_t is None or not self.calibration.allow():
+            return []
+        t0 = time.perf_counter()
+        self.counters["key_queries"] += 1
+        if c.key_level == "request":
+            chains = self._request_key_chains(context)
+        else:
+            scores, rows = self.pool.query(self.h_t, c.k)
+            chains = []
+            if len(scores) and scores[0] >= c.theta:
+                self.counters["key_fired"] += 1
+                if c.rank_depths is not None:
+                    depths = c.rank_depths
+                    depth = lambda s, r: depths[r] if r < len(depths) else 0  # noqa: E731
+                else:
+                    depth = lambda s, r: copy_depth(s, c.depth_schedule)  # noqa: E731
+                chains = semantic_chains(scores, self.pool.row_flat[rows], self.pool.row_end[rows], self.pool.tokens,
+                                         depth, c.offset, c.min_chain)
+        self.counters["semantic_time_s"] += time.perf_counter() - t0
+        self.counters["key_chains"] += len(chains)
+        return chains
+
+    def _request_key_chains(self, context: Sequence[int]) -> list[Chain]:
+        c = self.config
+        if self._selected is None:
+            if self._first_state is None:
+                return []
+            picked = [t for s, t in self.pool.nearest_traces(self._first_state, c.request_traces) if s >= c.theta]
+            self._selected = []
+            for t in picked:
+                trace = NgramIndex(c.request_ngram)
+                trace.sync(self.pool.trace_tokens(t))
+                self._selected.append(trace)
+        if self._selected:
+            self.counters["key_fired"] += 1
+        chains, seen = [], set()
+        depths = c.rank_depths or RANK_DEPTHS
+        for rank, trace in enumerate(self._selected):
+            depth = depths[rank] if rank < len(depths) else 0
+            chain = ngram_continuation(trace, context, depth)
+            if len(chain) >= c.min_chain and tuple(chain) not in seen:
+                seen.add(tuple(chain))
+                chains.append(chain)
+        return chains
+
+    def _rollouts(self, anchor: int) -> list[Chain]:
+        c = self.config
+        if c.rollouts <= 0 or self.h_t is None or self.ring.size == 0:
+            return []
+        t0 = time.perf_counter()
+        h, serial = self._prompt_hash, self._serial
+        chains = self.ring.lookup(self.h_t, anchor, c.rollout_theta, c.rollouts,
+                                  skip=lambda owner: owner is not None and owner[0] == h and owner[1] != serial)
+        self.counters["rollout_time_s"] += time.perf_counter() - t0
+        self.counters["rollout_chains"] += len(chains)
+        return chains
+
+    def propose(self, context: Sequence[int], budget: int) -> Draft:
+        c = self.config
+        self.counters["passes"] += 1
+        self._bought = set()
+        if self.index is not None:
+            self.index.sync(context)
+        if self.ngrams is not None:
+            self.ngrams.sync(context)
+        if budget <= 0:
+            return Draft()
+        reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
+        chains = None if self.index is None else automaton_chains(self.index, c.spine_max, c.branch_top,
+                                                                  c.branch_max)
+        draft, open_ = self._host(context, budget - reserve, chains)
+        if c.gate and c.host != "none" and not open_:
+            self.counters["gated"] += 1
+            return self._host(context, budget, chains)[0] if reserve else draft
+        cap = len(draft) + reserve
+        candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
+        if chains is not None:
+            candidates += [(g, BRANCH) for g in chains[1]]
+        candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
+        root = frozenset({SEMANTIC, ROLLOUT}) if c.attach == "root" else frozenset()
+        start = len(draft)
+        for (chain, source) in candidates:
+            before = len(draft)
+            merge_candidates(draft, [(chain, source)], cap, root)
+            if source == SEMANTIC:
+                self._bought.update(range(before, len(draft)))
+        self.counters["key_nodes"] += len(self._bought)
+        assert len(draft) - start <= reserve
+        return draft
+
+    def observe(self, context: Sequence[int], result) -> None:
+        c = self.config
+        if self.table is not None:
+            self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
+        if self._bought:
+            hit = any(i in self._bought for i in result.accepted_nodes)
+            self.calibration.record(hit)
+            self.counters["key_buying_passes"] += 1
+            self.counters["key_hits"] += hit
+            self._bought = set()
+        hidden = result.hidden
+        if hidden is None:
+            self.h_t = None
+            return
+        self.h_t = np.array(hidden[1 + result.accepted_nodes[-1] if result.accepted_nodes else 0], np.float32)
+        if self._first_state is None:
+            self._first_state = np.array(hidden[0], np.float32)
+        if c.rollouts > 0:
+            owner = (self._prompt_hash, self._serial)
+            for row, token, cont in rejected_records(result, c.rollout_depth):
+                self.ring.add(hidden[row], token, cont, owner)
+
+    # ------------------------------------------------------------ reporting
+    def stats(self) -> dict:
+        """Counters for summary.json: key and ring-buffer use, timing, store size."""
+        n_tok = self.pool.n_tokens
+        return {
+            **self.counters,
+            "semantic_key": self.config.semantic and self.config.key_level != "null",
+            "calibration_mutes": self.calibration.mutes,
+            "calibration_skipped": self.calibration.skipped,
+            "pool_tokens": n_tok,
+            "pool_states": self.pool.n,
+            "store_bytes": self.pool.nbytes(),
+            "store_bytes_per_token": self.pool.nbytes() / n_tok if n_tok else None,
+            "ring_records": self.ring.size,
+            "ring_bytes": self.ring.nbytes(),
+        }
