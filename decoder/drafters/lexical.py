@@ -16,14 +16,11 @@ credited to both. With no automaton match the draft is adjacency-only (Algorithm
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Hashable, Sequence
+from typing import Sequence
 
-import numpy as np
-
-from data.capture import prompt_hash as hash_prompt
 from decoder.draft import Draft
 from decoder.drafters.recycling import AdjacencyTable, default_template
-from decoder.drafters.sam import AutomatonIndex, automaton_chains
+from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter, automaton_chains
 
 SPINE, BRANCH, ADJACENCY = "spine", "branch", "adjacency"
 
@@ -59,7 +56,7 @@ def build_lexical(index: AutomatonIndex, table: AdjacencyTable, budget: int, con
     return draft
 
 
-class LexicalDrafter:
+class LexicalDrafter(AutomatonPoolDrafter):
     """Arm `lexical`: the automaton spine and branches with adjacency expansions filling the rest."""
 
     name = "lexical"
@@ -71,18 +68,9 @@ class LexicalDrafter:
         self.index = AutomatonIndex()
         self.table = AdjacencyTable(vocab_size)
 
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.add_trace(output_tokens, prompt_hash)
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.begin_request(prompt, prompt_hash)
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.index.sync(context)
         return build_lexical(self.index, self.table, budget, self.config)
 
     def observe(self, context: Sequence[int], result) -> None:
         self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        self.index.add_trace(output, hash_prompt(prompt))

@@ -361,6 +361,22 @@ def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int
     return p_cont, branches
 
 
+class AutomatonPoolDrafter:
+    """The pool side shared by the automaton drafters (sam, suffix, lexical): `self.index` holds the
+    pool and the request; finished traces enter keyed by their prompt hash."""
+
+    index: AutomatonIndex
+
+    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        self.index.add_trace(output_tokens, prompt_hash)
+
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        self.index.begin_request(prompt, prompt_hash)
+
+    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
+        self.index.add_trace(output, hash_prompt(prompt))
+
+
 @dataclass
 class SamConfig:
     spine_max: int = 32  # tokens copied after the longest match
@@ -368,7 +384,7 @@ class SamConfig:
     branch_max: int = 32  # tokens per branch
 
 
-class SamDrafter:
+class SamDrafter(AutomatonPoolDrafter):
     """Arm `sam`: the automaton's longest-match continuation, then its frequency branches."""
 
     name = "sam"
@@ -378,12 +394,6 @@ class SamDrafter:
         self.vocab_size, self.nodes = vocab_size, nodes
         self.config = config or SamConfig()
         self.index = AutomatonIndex()
-
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.add_trace(output_tokens, prompt_hash)
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.begin_request(prompt, prompt_hash)
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         self.index.sync(context)
@@ -398,6 +408,3 @@ class SamDrafter:
 
     def observe(self, context: Sequence[int], result) -> None:
         pass  # the automaton learns from the committed context at the next propose
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        self.index.add_trace(output, hash_prompt(prompt))

@@ -20,13 +20,10 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Callable, Hashable, Sequence
+from typing import Callable, Sequence
 
-import numpy as np
-
-from data.capture import prompt_hash as hash_prompt
 from decoder.draft import ROOT, Draft
-from decoder.drafters.sam import AutomatonIndex, SuffixAutomaton
+from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter, SuffixAutomaton
 
 
 @dataclass
@@ -72,7 +69,7 @@ def grow_tree(sam: SuffixAutomaton, state: int, count: Callable[[int], int], bud
     return draft, score
 
 
-class SuffixDrafter:
+class SuffixDrafter(AutomatonPoolDrafter):
     """Arm `suffix`: the better-scoring of the local (request) and global (pool) suffix-tree drafts."""
 
     name = "suffix"
@@ -82,12 +79,6 @@ class SuffixDrafter:
         self.vocab_size, self.nodes = vocab_size, nodes
         self.config = config or SuffixConfig()
         self.index = AutomatonIndex()
-
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.add_trace(output_tokens, prompt_hash)
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.begin_request(prompt, prompt_hash)
 
     def candidates(self, budget: int) -> list[tuple[Draft, float]]:
         """The local and the global draft with their scores (empty sides left out)."""
@@ -119,6 +110,3 @@ class SuffixDrafter:
 
     def observe(self, context: Sequence[int], result) -> None:
         pass  # the index learns from the committed context at the next propose
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        self.index.add_trace(output, hash_prompt(prompt))
