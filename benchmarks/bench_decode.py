@@ -46,12 +46,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gsm8k-limit", type=int, default=50)
     ap.add_argument("--limit", type=int, default=None, help="overrides both per-benchmark limits")
     ap.add_argument("--arms", default=None, help="comma-separated (default: ar, the lexical baselines and oilbird)")
-    ap.add_argument("--nodes", type=int, default=60)
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each benchmark's cap")
-    ap.add_argument("--out", default="runs")
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--json", default=None, help="also write every summary here")
+    add_serve_args(ap)
     args = ap.parse_args(argv)
 
     arms = tuple(args.arms.split(",")) if args.arms else DEFAULT_ARMS
@@ -63,6 +58,16 @@ def main(argv=None) -> int:
     rows = serve(args, limits, arms)
     print(table(rows))
     return 0
+
+
+def add_serve_args(ap: argparse.ArgumentParser) -> None:
+    """The options `serve` reads, shared with bench_oilbird.py."""
+    ap.add_argument("--nodes", type=int, default=60)
+    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each benchmark's cap")
+    ap.add_argument("--out", default="runs")
+    ap.add_argument("--dtype", default=None)
+    ap.add_argument("--device", default=None)
+    ap.add_argument("--json", default=None, help="also write every summary here")
 
 
 def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[dict]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_decode import serve  # benchmarks/ is the script's directory, so on sys.path
+from bench_decode import add_serve_args, serve  # benchmarks/ is the script's directory, so on sys.path
 from data.benchmarks import get_benchmark
 from data.errors import OilbirdError, cli_entry
 
@@ -69,12 +69,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", default="200,50", help="first N requests: one value, or one per benchmark")
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms (ar always runs first)")
-    ap.add_argument("--nodes", type=int, default=60)
-    ap.add_argument("--max-new-tokens", type=int, default=None, help="default: each benchmark's cap")
-    ap.add_argument("--out", default="runs")
-    ap.add_argument("--dtype", default=None)
-    ap.add_argument("--device", default=None)
-    ap.add_argument("--json", default=None, help="also write every summary here")
+    add_serve_args(ap)
     args = ap.parse_args(argv)
 
     benches = [b.strip() for b in args.bench.split(",") if b.strip()]

@@ -105,6 +105,23 @@ class SuffixAutomaton:
         return self.cnt[s] if s > 0 else 0
 
 
+def extend_match(nxt, link, length, s: int, l: int, c: int, cap: int) -> tuple[int, int]:
+    """One matching-statistics step: from state s matching a suffix of length l, the state and length
+    of the longest suffix of (matched text + c) in the automaton, with the length capped at `cap`."""
+    while s and c not in nxt[s]:
+        s = link[s]
+        l = length[s]
+    nxt_state = nxt[s].get(c)
+    if nxt_state is None:
+        return 0, 0
+    s, l = nxt_state, l + 1
+    if l > cap:
+        l = cap
+        if length[link[s]] >= cap:
+            s = link[s]
+    return s, l
+
+
 @dataclass
 class LexicalRow:
     """Lexical answers for one request: arrays over its generated positions."""
@@ -267,29 +284,7 @@ class PoolView:
                 break
             # extend the matched suffix by the next context token (matching statistics)
             c = ctx[j]
-            while s and c not in nxt[s]:
-                s = link[s]
-                l = length[s]
-            t2 = nxt[s].get(c)
-            if t2 is None:
-                s = l = 0
-            else:
-                s, l = t2, l + 1
-                if l > M:
-                    l = M
-                    if length[link[s]] >= M:
-                        s = link[s]
+            s, l = extend_match(nxt, link, length, s, l, c, M)
             if e is not None:
-                while g and c not in enxt[g]:
-                    g = elink[g]
-                    lg = elen[g]
-                t2 = enxt[g].get(c)
-                if t2 is None:
-                    g = lg = 0
-                else:
-                    g, lg = t2, lg + 1
-                    if lg > M:
-                        lg = M
-                        if elen[elink[g]] >= M:
-                            g = elink[g]
+                g, lg = extend_match(enxt, elink, elen, g, lg, c, M)
         return LexicalRow(available, producible, oracle_len, longest)
