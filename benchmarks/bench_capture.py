@@ -3,8 +3,8 @@
 Runs the same first N requests of a benchmark three ways: batch 1 with a fresh prefill each,
 batch 1 reusing the previous prompt's KV for a shared start, and continuous batching at
 --batch-size (with prefix reuse); checks the tokens are equal to batch 1, and extrapolates the full-benchmark capture time from the measured
-rates. Usage: python benchmarks/bench_capture.py [--bench apibank] [--model smollm2-135m] [--limit 16]
-[--batch-size 8] [--max-new-tokens N]
+rates. Usage: python benchmarks/bench_capture.py [--bench apibank] [--model smollm2-135m] [--limit 48]
+[--batch-size 32] [--max-new-tokens N]
 """
 
 from __future__ import annotations
@@ -36,8 +36,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bench", default="apibank")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--limit", type=int, default=16)
-    ap.add_argument("--batch-size", type=int, default=8)
+    ap.add_argument("--limit", type=int, default=48)
+    ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--max-new-tokens", type=int, default=None)
     ap.add_argument("--json", default=None, help="also write the figures here")
     args = ap.parse_args(argv)

@@ -56,7 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
     c.add_argument("--limit", type=int, default=None, help="first N requests only")
     c.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: per benchmark)")
-    c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1)")
+    c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1; the make targets use 32)")
     c.add_argument("--mode", choices=["generate", "reference"], default="generate")
     c.add_argument("--out", default="runs", help="output root (default runs/)")
     c.add_argument("--force", action="store_true", help="overwrite a store made with other settings")

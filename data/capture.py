@@ -1,10 +1,11 @@
 """Capture: greedy decoding of a benchmark, request by request, into a trace store.
 
-One decoding step, top to bottom (`greedy_batch`): feed the last tokens of every live row with
+One decoding step, top to bottom (`greedy_stream`): feed the last tokens of every live row with
 the KV cache, read the capture layer's output from the LayerTap and the top-8 of the logits,
 take the argmax, and stop a row at EOS, at a benchmark stop string, or at the token cap.
-Rows of a batch are left-padded; finished rows are dropped from the cache so a long request
-runs alone. `reference` mode is teacher-forced: one forward over prompt + reference output.
+Rows of a batch are right-aligned and left-padded; a finished request's row takes the next
+request, and once no request is left the free rows are dropped. The cache appends in place
+(data.kvcache). `reference` mode is teacher-forced: one forward over prompt + reference output.
 """
 
 from __future__ import annotations
@@ -107,7 +108,7 @@ class _Row:
 @torch.no_grad()
 def _prefill(lm: LoadedModel, tap: LayerTap, index: int, prompt: list[int], prefix: PrefixCache | None):
     """Batch-1 forward over one prompt (reusing the previous prompt's shared start); returns its cache and row."""
-    from transformers import DynamicCache
+    from data.kvcache import SlackCache
 
     t0 = time.perf_counter()
     reuse = 0
@@ -119,7 +120,7 @@ def _prefill(lm: LoadedModel, tap: LayerTap, index: int, prompt: list[int], pref
         cache.crop(reuse - _cache_len(cache))
         prefix.reused_tokens += reuse
     else:
-        cache = DynamicCache()
+        cache = SlackCache()
     ids = torch.tensor([prompt[reuse:]], device=lm.device)
     pos = torch.arange(reuse, len(prompt), device=lm.device)[None]
     out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
@@ -132,27 +133,38 @@ def _prefill(lm: LoadedModel, tap: LayerTap, index: int, prompt: list[int], pref
     return cache, _Row(index, list(prompt), logits, res, t0=t0)
 
 
-def _left_pad(t: torch.Tensor, n: int) -> torch.Tensor:
-    """Pad a [B, H, T, D] cache tensor with n zero columns on the left (masked out)."""
-    if n == 0:
-        return t
-    return torch.cat([t.new_zeros(t.shape[:2] + (n,) + t.shape[3:]), t], dim=2)
-
-
-def _admit(cache, mask, row_cache, row_len: int):
-    """Append a batch-1 cache as a new row of the batch cache, left-padding whichever side is shorter."""
+def _admit(cache, mask, row_cache, row_len: int, slot: int | None):
+    """Put a batch-1 cache into the batch cache, right-aligned with the other rows: into the free
+    row `slot` (None = a new row at the end). Nothing else moves unless the prompt is longer than
+    the batch, which then gets left-padded (one copy into new buffers with room to decode into)."""
     if cache is None:
         cache = copy.deepcopy(row_cache)  # the row's cache stays the prefix cache; the batch owns a copy
         return cache, torch.ones((1, row_len), dtype=torch.long, device=mask_device(row_cache))
     width = mask.shape[1]
-    grow = max(0, row_len - width)
+    if slot is not None and row_len <= width:
+        for layer, new in zip(cache.layers, row_cache.layers):
+            layer.keys[slot, :, width - row_len:] = new.keys[0]  # views: writes land in the buffer
+            layer.values[slot, :, width - row_len:] = new.values[0]
+        mask[slot] = 0  # the slot's older columns stay finite and are masked out
+        mask[slot, width - row_len:] = 1
+        return cache, mask
+    total = max(width, row_len)
+    n_rows = mask.shape[0] + (slot is None)
+    slot = mask.shape[0] if slot is None else slot
     for layer, new in zip(cache.layers, row_cache.layers):
-        layer.keys = torch.cat([_left_pad(layer.keys, grow), _left_pad(new.keys, width + grow - row_len)], dim=0)
-        layer.values = torch.cat([_left_pad(layer.values, grow), _left_pad(new.values, width + grow - row_len)], dim=0)
-    mask = torch.cat([mask.new_zeros((mask.shape[0], grow)), mask], dim=1)
-    new_row = mask.new_zeros((1, width + grow))
-    new_row[0, width + grow - row_len:] = 1
-    return cache, torch.cat([mask, new_row], dim=0)
+        bufs = []
+        for old, row in ((layer.keys, new.keys), (layer.values, new.values)):
+            buf = old.new_zeros((n_rows, old.shape[1], total + layer.room, old.shape[3]))  # padding: zeros
+            buf[:old.shape[0], :, total - width:total] = old
+            buf[slot, :, :total] = 0
+            buf[slot, :, total - row_len:total] = row[0]
+            bufs.append(buf)
+        layer.adopt(bufs[0], bufs[1], total)
+    grown = mask.new_zeros((n_rows, total))
+    grown[:mask.shape[0], total - width:] = mask
+    grown[slot] = 0
+    grown[slot, total - row_len:] = 1
+    return cache, grown
 
 
 def mask_device(cache) -> torch.device:
@@ -160,13 +172,21 @@ def mask_device(cache) -> torch.device:
 
 
 def _select_rows(cache, mask, keep: list[int]):
-    """Keep the batch rows `keep`, and drop the leading columns that are padding in every kept row."""
+    """Keep the batch rows `keep` (a copy), and drop the leading columns that are padding in every kept row."""
     sel = torch.tensor(keep, device=mask.device)
     mask = mask[sel]
     first = int(mask.any(0).nonzero()[0, 0])
     for layer in cache.layers:
-        layer.keys = layer.keys[sel][:, :, first:]
-        layer.values = layer.values[sel][:, :, first:]
+        layer.select(sel, first)
+    return cache, mask[:, first:]
+
+
+def _trim(cache, mask):
+    """Drop the leading columns that are padding in every row (a view: nothing is copied)."""
+    first = int(mask.any(0).nonzero()[0, 0])
+    if first:
+        for layer in cache.layers:
+            layer.trim(first)
     return cache, mask[:, first:]
 
 
@@ -193,23 +213,27 @@ def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], 
     takes its place. Every row's tokens equal its batch-1 greedy decoding (tested).
     """
     pending = iter(enumerate(prompts))
-    rows: list[_Row] = []
+    rows: list[_Row | None] = []  # one per batch row; None = a free row (its request finished)
     cache, mask = None, None
     exhausted = False
     while True:
-        while not exhausted and len(rows) < batch_size:  # admit new requests
+        while not exhausted and sum(r is not None for r in rows) < batch_size:  # admit new requests
             nxt = next(pending, None)
             if nxt is None:
                 exhausted = True
                 break
             row_cache, row = _prefill(lm, tap, nxt[0], nxt[1], prefix)
-            cache, mask = _admit(cache, mask, row_cache, len(row.prompt))
-            rows.append(row)
-        if not rows:
-            return
-        keep = []
-        for b, row in enumerate(rows):  # choose every row's next token; stop finished rows
+            slot = rows.index(None) if None in rows else None
+            cache, mask = _admit(cache, mask, row_cache, len(row.prompt), slot)
+            if slot is None:
+                rows.append(row)
+            else:
+                rows[slot] = row
+        for b, row in enumerate(rows):  # choose the next token of every row fed since; stop finished rows
+            if row is None or row.logits is None:
+                continue
             tok = int(row.logits.argmax())
+            row.logits = None
             res = row.result
             res.tokens.append(tok)
             if tok in lm.eos_ids:
@@ -219,16 +243,22 @@ def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], 
             elif len(res.tokens) >= max_new_tokens:
                 res.stop_reason = "length"
             else:
-                keep.append(b)
-        for b, row in enumerate(rows):
-            if b not in keep:
-                yield row.index, _finish(lm, row)
+                continue
+            rows[b] = None
+            yield row.index, _finish(lm, row)
+        if None in rows and not exhausted:
+            continue  # refill the free rows before the next step
+        keep = [b for b, row in enumerate(rows) if row is not None]
         if not keep:
             rows, cache, mask = [], None, None
+            if exhausted:
+                return
             continue
-        if len(keep) < len(rows):
+        if len(keep) < len(rows):  # the last requests: drop the free rows
             cache, mask = _select_rows(cache, mask, keep)
             rows = [rows[b] for b in keep]
+        else:
+            cache, mask = _trim(cache, mask)
         ids = torch.tensor([[row.result.tokens[-1]] for row in rows], device=lm.device)
         pos = torch.tensor([[len(row.prompt) + len(row.result.tokens) - 1] for row in rows], device=lm.device)
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)

@@ -73,6 +73,31 @@ def test_batched_equals_batch1(kind, stories, tiny_dirs):
     assert len({len(g.tokens) for g in single}) > 1
 
 
+def test_continuous_batching_reuses_and_grows_rows(stories, monkeypatch):
+    """Both ways a request joins the batch: written into a finished request's row, and, when its
+    prompt is longer than the batch, by left-padding the others; tokens still equal batch 1."""
+    import data.capture as cap
+
+    kinds, real = [], cap._admit
+
+    def spy(cache, mask, row_cache, row_len, slot):
+        if cache is not None:
+            kinds.append("into free row" if slot is not None and row_len <= mask.shape[1] else "left-pad")
+        return real(cache, mask, row_cache, row_len, slot)
+
+    monkeypatch.setattr(cap, "_admit", spy)
+    text = [stories.tokenizer(t)["input_ids"] for t in STORY_PROMPTS]
+    prompts = [text[0][:3], text[1][:4], text[2] + text[3] + text[4], text[3][:5], text[4][:3], text[0] + text[1] + text[2]]
+    with LayerTap(stories.model, stories.layer) as tap:
+        free = [greedy_batch(stories, tap, [p], 24)[0] for p in prompts]
+        early = dataclasses.replace(stories, eos_ids=stories.eos_ids | {free[0].tokens[4], free[3].tokens[9]})
+        single = [greedy_batch(early, tap, [p], 24)[0] for p in prompts]
+        kinds.clear()
+        _assert_same(single, greedy_batch(early, tap, prompts, 24, batch_size=2))
+    assert len({len(g.tokens) for g in single}) > 2
+    assert {"into free row", "left-pad"} <= set(kinds), kinds
+
+
 def _assert_same(single, batch):
     for s, b in zip(single, batch):
         assert s.tokens == b.tokens and s.stop_reason == b.stop_reason
