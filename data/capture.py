@@ -155,8 +155,7 @@ def _admit(cache, mask, row_cache, row_len: int, slot: int | None):
         bufs = []
         for old, row in ((layer.keys, new.keys), (layer.values, new.values)):
             buf = old.new_zeros((n_rows, old.shape[1], total + layer.room, old.shape[3]))  # padding: zeros
-            buf[:old.shape[0], :, total - width:total] = old
-            buf[slot, :, :total] = 0
+            buf[:old.shape[0], :, total - width:total] = old  # a free row's old columns stay finite, masked
             buf[slot, :, total - row_len:total] = row[0]
             bufs.append(buf)
         layer.adopt(bufs[0], bufs[1], total)
