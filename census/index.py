@@ -212,19 +212,11 @@ class PoolView:
                 x = out[t]
                 # available: the h-token future (shorter at the end) occurs in the pool
                 fut = out[t:t + horizon]
-                sm = 0
-                for a in fut:
-                    sm = nxt[sm].get(a, -1)
-                    if sm < 0:
-                        break
+                sm = m.walk(fut)
                 if sm > 0:
                     c = cnt[sm]
                     if e is not None:
-                        sg = 0
-                        for a in fut:
-                            sg = enxt[sg].get(a, -1)
-                            if sg < 0:
-                                break
+                        sg = e.walk(fut)
                         if sg > 0:
                             c -= ecnt[sg]
                     available[t] = c > 0
