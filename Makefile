@@ -18,7 +18,10 @@ MAX_NEW ?= 256
 BATCH   ?= 32
 CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW))
 
-.PHONY: install capture census census-only reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird clean
+# The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
+REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
+
+.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live clean
 
 install: $(STAMP)
 
@@ -33,14 +36,23 @@ $(STAMP): pyproject.toml Makefile
 capture: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 
-# The main job: capture if missing (resumes if partial), census, report.
+# The main job: capture if missing (resumes if partial), census, the verification-cost profile of this
+# machine (once), replay of the decision arms over the whole store (pool past), report with the verdict.
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --if-missing
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS)
 	$(PY) -m reports --runs $(OUT)
 
 census-only: $(STAMP)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+
+profile: $(STAMP)
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) $(ARGS)
+
+replay: $(STAMP)
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) $(ARGS)
 
 reports: $(STAMP)
 	$(PY) -m reports --runs $(OUT)
@@ -54,7 +66,7 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow tests
 
-bench: bench-capture bench-census bench-reports bench-decode bench-oilbird
+bench: bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay
 
 bench-capture: $(STAMP)
 	$(PY) benchmarks/bench_capture.py $(ARGS)
@@ -70,6 +82,13 @@ bench-decode: $(STAMP)
 
 bench-oilbird: $(STAMP)
 	$(PY) benchmarks/bench_oilbird.py --model $(MODEL) $(ARGS)
+
+bench-replay: $(STAMP)
+	$(PY) benchmarks/bench_replay.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# live decoding of the first 16 requests with every arm against replay of the same (tens of minutes on CPU)
+bench-replay-live: $(STAMP)
+	$(PY) benchmarks/bench_replay_live.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,8 +3,8 @@
 Serves each benchmark (default: API-Bank first 200 requests, then GSM8K first 50 as the control) with
 SmolLM2 through `decoder.harness.run_decode` (ar first, every arm audited token for token against it;
 per-arm outputs under runs/<bench>/<model>/decode/<arm>/) and prints per arm: tau, speedup over ar,
-the sole-source share (accepted draft tokens only the semantic source proposed / all accepted draft
-tokens), the retrieval cost as a fraction of cycle time (the key's queries + the ring buffer's
+the sole-source share (the paper's: accepted tokens only the semantic source proposed / all committed
+tokens, bonus tokens included), the retrieval cost as a fraction of cycle time (the key's queries + the ring buffer's
 lookups, timed inside the drafter, over draft + verify + update time), the drafting overhead, and
 the semantic store's bytes per generated token (float16 state + token + row pointers).
 
@@ -80,8 +80,8 @@ def main(argv=None) -> int:
         get_benchmark(bench)  # an unknown name fails here, before the model loads
     arms = tuple(a.strip() for a in args.arms.split(",") if a.strip())
     rows = serve(args, dict(zip(benches, limits)), arms,
-                 legend="sole = accepted draft tokens only the semantic source proposed / all accepted draft "
-                        "tokens; retrieval = key + ring-buffer time / cycle time; B/token = semantic store "
+                 legend="sole = accepted tokens only the semantic source proposed / all committed tokens "
+                        "(bonus included); retrieval = key + ring-buffer time / cycle time; B/token = semantic store "
                         "bytes per pooled token")
     print(table(rows))
     return 0

@@ -1,4 +1,9 @@
-"""`python -m decoder --bench B --model M --arms ar,sam,lexical`: serve a benchmark with every arm, side by side."""
+"""`python -m decoder --bench B --model M --arms ar,sam,lexical`: serve a benchmark with every arm, side by side.
+
+Two more commands share the entry point:
+  python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay.py)
+  python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
+"""
 
 from __future__ import annotations
 
@@ -23,17 +28,37 @@ ablations of oilbird (same drafter, one setting changed):
   oilbird-root-attached  retrieved chains hung from the root instead of merged into the tree
   oilbird-request-key    one key query per request selecting whole traces
   oilbird-fixed-depth    copy depth by neighbour rank instead of by similarity
+  pld+pool, recycling+pool
+                         those hosts handed the cross-request pool under their own exact key
+                         (pld: longest suffix n-gram <= 3; recycling: the anchor token), up to 16
+                         tokens in the same 16 reserved nodes: the rung +key is measured against
   pld+key, recycling+key the key transplanted into those hosts at an unchanged node budget
-summary.json of the key arms adds sole_source_share, semantic_time_s, retrieval_fraction and
+summary.json of the key arms adds sole_source_share (sole-semantic tokens / all committed tokens, the
+paper's), sole_source_share_of_draft (/ accepted draft tokens), semantic_time_s, retrieval_fraction and
 store_bytes_per_token."""
 
 
-@cli_entry
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] == "replay":
+        from decoder.replay import replay_main
+
+        return replay_main(argv[1:])
+    if argv and argv[0] == "profile":
+        from decoder.profile import profile_main
+
+        return profile_main(argv[1:])
+    return serve_main(argv)
+
+
+@cli_entry
+def serve_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m decoder",
         description="Serve a benchmark in order with each arm (ar first, the reference), writing "
-                    "runs/<bench>/<model>/decode/<arm>/{cycles.parquet,requests.parquet,summary.json}.",
+                    "runs/<bench>/<model>/decode/<arm>/{cycles.parquet,requests.parquet,summary.json}. "
+                    "Also: `python -m decoder replay ...` (every arm over a captured store, without the model) "
+                    "and `python -m decoder profile ...` (verification cost for replay's speedup estimate).",
         epilog=ARMS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True, help="benchmark name (python -m data list) or jsonl:PATH")
     p.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")

@@ -34,9 +34,9 @@ class Cycle:
     """One verification pass."""
 
     nodes: int  # draft nodes verified (0 for ar)
-    accepted: int  # draft nodes on the accepted path
+    accepted: int  # draft nodes on the accepted path that were committed (a stop can cut the path)
     committed: int  # tokens appended to the output (accepted + bonus, cut at a stop)
-    sources: list[str]  # per accepted node: its sources joined by "|", sorted (e.g. "adjacency|sam")
+    sources: list[str]  # per accepted (committed) node: its sources joined by "|", sorted (e.g. "adjacency|sam")
     draft_s: float
     verify_s: float  # forward, readback, acceptance and the stop check
     update_s: float  # cache compaction and drafter.observe
@@ -234,7 +234,8 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
         for s in draft.sources:
             for name in s:
                 node_sources[name] = node_sources.get(name, 0) + 1
-        cycles.append(Cycle(len(draft), len(accepted), kept, [_source_label(draft.sources[i]) for i in accepted],
+        kept_nodes = accepted[:kept]  # a stop can cut the accepted path: only committed nodes count
+        cycles.append(Cycle(len(draft), len(kept_nodes), kept, [_source_label(draft.sources[i]) for i in kept_nodes],
                             t1 - t0, t2 - t1, t3 - t2, node_sources))
     n = len(output)
     hidden = np.zeros((n, lm.d_model), np.float32)

@@ -8,12 +8,14 @@ and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`:
                     sources (per accepted node, e.g. "adjacency|sam"), draft_s, verify_s, update_s
   requests.parquet  one row per request: request, id, group, prompt_hash, output_tokens,
                     stop_reason, seconds, prefill_s, pool_s, passes
-  summary.json      tau, tokens/s, speedup over this invocation's ar, time split and overhead
-                    fraction, the lossless audit against ar, per-source drafted/accepted tokens;
-                    for arms with the semantic key: sole_source_share {value, sole, accepted}
-                    (accepted draft tokens only the "semantic" source proposed / all accepted draft
-                    tokens), semantic_time_s (the key's queries), retrieval_fraction (key + ring
-                    buffer time / cycle time), store_bytes_per_token and the drafter's counters
+  summary.json      tau (with a request-bootstrap interval), tokens/s, speedup over this invocation's
+                    ar, time split and overhead fraction, the lossless audit against ar, the pass
+                    statistics of decoder/passes.py (per-source drafted/accepted tokens, nodes and
+                    drafting time per pass); for arms with the semantic key: sole_source_share (the
+                    paper's: sole-semantic tokens / all committed tokens) and sole_source_share_of_draft
+                    (/ accepted draft tokens), each {value, interval, sole, tokens|accepted},
+                    semantic_time_s (the key's queries), retrieval_fraction (key + ring buffer time /
+                    cycle time), store_bytes_per_token and the drafter's counters
 
 The folder is written beside its final place and renamed in, so it is never half old, half new.
 
@@ -47,14 +49,15 @@ from data.capture import library_versions, prompt_hash
 from data.errors import OilbirdError
 from data.models import LayerTap, LoadedModel, encode_prompt, load_model
 from data.store import atomic_write_json, atomic_write_table, open_store, store_dir
+from data.stats import RequestBootstrap
 from decoder.draft import Drafter
-from decoder.engine import Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
+from decoder.engine import Cycle, Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
+from decoder.passes import SEMANTIC_SOURCE, pass_statistics
 
 REFERENCE_ARM = "ar"
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in
 DEFAULT_ARMS = ("ar", "pld", "suffix", "sam", "recycling", "lexical", "oilbird")
-SEMANTIC_SOURCE = "semantic"  # the semantic key's source label (the sole-source share counts it)
 
 # An arm factory builds a fresh drafter (an empty pool) for a loaded model and a config.
 ArmFactory = Callable[[LoadedModel, "DecodeConfig"], Drafter]
@@ -212,26 +215,18 @@ def tokens_per_s(run: ArmRun) -> float:
     return sum(len(g.tokens) for g in run.generations) / seconds if seconds > 0 else 0.0
 
 
-def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], base: dict) -> dict:
+def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], base: dict,
+              bootstrap: int = 2000, seed: int = 0) -> dict:
     gens = run.generations
     cycles = [c for g in gens for c in g.cycles]
-    tokens = sum(len(g.tokens) for g in gens)
     draft_s = sum(c.draft_s for c in cycles)
     verify_s = sum(c.verify_s for c in cycles)
     update_s = sum(c.update_s for c in cycles)
     cycle_s = draft_s + verify_s + update_s
-    accepted: dict[str, int] = {}
-    drafted: dict[str, int] = {}
-    for c in cycles:
-        for label in c.sources:
-            for src in label.split("|"):
-                accepted[src] = accepted.get(src, 0) + 1
-        for src, k in c.node_sources.items():
-            drafted[src] = drafted.get(src, 0) + k
-    sole = sum(1 for c in cycles for label in c.sources if label == SEMANTIC_SOURCE)
-    n_accepted = sum(len(c.sources) for c in cycles)
     stats = run.drafter_stats or {}
-    has_key = SEMANTIC_SOURCE in drafted or bool(stats.get("semantic_key"))
+    has_key = any(SEMANTIC_SOURCE in c.node_sources for c in cycles) or bool(stats.get("semantic_key"))
+    boot = RequestBootstrap(len(gens), bootstrap, seed) if bootstrap > 0 else None
+    passes = pass_statistics([g.cycles for g in gens], has_key, boot)
     retrieval_s = stats.get("semantic_time_s", 0.0) + stats.get("rollout_time_s", 0.0)
     tok_s = tokens_per_s(run)
     ref_tok_s = tokens_per_s(reference) if reference is not None else 0.0
@@ -240,27 +235,20 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         stops[g.stop_reason] = stops.get(g.stop_reason, 0) + 1
     return {
         **base,
+        "kind": "live",
         "arm": run.name,
         "requests": len(gens),
-        "generated_tokens": tokens,
-        "passes": len(cycles),
-        "tau": tokens / max(1, len(cycles)),
+        **passes,
+        "tau": passes["tau"] or 0.0,
         "seconds": sum(g.seconds for g in gens) + sum(run.pool_s),
         "tokens_per_s": tok_s,
         "speedup": tok_s / ref_tok_s if ref_tok_s else None,
         "ar_tokens_per_s": ref_tok_s or None,
-        "mean_nodes": sum(c.nodes for c in cycles) / max(1, len(cycles)),
         "time": {"prefill_s": sum(g.prefill_s for g in gens), "draft_s": draft_s, "verify_s": verify_s,
                  "update_s": update_s, "pool_s": sum(run.pool_s), "warm_pool_s": run.warm_s},
         "draft_fraction": draft_s / cycle_s if cycle_s else 0.0,
         "update_fraction": update_s / cycle_s if cycle_s else 0.0,
         "overhead_fraction": (draft_s + update_s) / cycle_s if cycle_s else 0.0,
-        "accepted_by_source": dict(sorted(accepted.items())),
-        "drafted_by_source": dict(sorted(drafted.items())),
-        "acceptance_rate_by_source": {s: accepted.get(s, 0) / k for s, k in sorted(drafted.items()) if k},
-        # accepted draft tokens whose only proposer was the semantic source, over all accepted draft tokens
-        "sole_source_share": {"value": sole / n_accepted if n_accepted else None, "sole": sole,
-                              "accepted": n_accepted} if has_key else None,
         "semantic_time_s": stats.get("semantic_time_s") if stats else None,
         "retrieval_fraction": retrieval_s / cycle_s if stats and cycle_s else None,
         "store_bytes_per_token": stats.get("store_bytes_per_token") if stats else None,
@@ -270,8 +258,9 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
     }
 
 
-def cycles_table(run: ArmRun) -> pa.Table:
-    rows = [(r, p, c) for r, g in enumerate(run.generations) for p, c in enumerate(g.cycles)]
+def cycles_table(per_request: list[list[Cycle]]) -> pa.Table:
+    """One row per verification pass (live and replay alike)."""
+    rows = [(r, p, c) for r, cycles in enumerate(per_request) for p, c in enumerate(cycles)]
     return pa.table({
         "request": pa.array([r for r, _, _ in rows], pa.int32()),
         "pass": pa.array([p for _, p, _ in rows], pa.int32()),
@@ -301,14 +290,17 @@ def requests_table(run: ArmRun, requests, prompts: list[list[int]]) -> pa.Table:
     })
 
 
-def write_arm(folder: Path, summary: dict, cycles: pa.Table, reqs: pa.Table) -> None:
-    """Write the arm's three files into a fresh folder beside `folder`, then swap it in."""
+def write_folder(folder: Path, files: dict[str, dict | pa.Table]) -> None:
+    """Write `files` ({relative path: JSON object or table}) into a fresh folder beside `folder`, then
+    swap it in: a reader sees the old folder or the new one, never half of each."""
     folder.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=folder.parent, prefix=f".{folder.name}."))
     try:
-        atomic_write_table(tmp / "cycles.parquet", cycles)
-        atomic_write_table(tmp / "requests.parquet", reqs)
-        atomic_write_json(tmp / "summary.json", summary)
+        for rel, obj in files.items():
+            if isinstance(obj, pa.Table):
+                atomic_write_table(tmp / rel, obj)
+            else:
+                atomic_write_json(tmp / rel, obj)
         old = None
         if folder.exists():
             old = folder.with_name(f".{folder.name}.old-{os.getpid()}")
@@ -365,7 +357,9 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         if name == REFERENCE_ARM:
             reference = run
         summary = summarize(run, reference, ids, base)
-        write_arm(out_dir / name, summary, cycles_table(run), requests_table(run, requests, prompts))
+        write_folder(out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
+                                      "requests.parquet": requests_table(run, requests, prompts),
+                                      "summary.json": summary})
         summaries[name] = summary
     return summaries
 

@@ -56,21 +56,36 @@ def tree_position_ids(parents: Sequence[int], past_len: int, device: torch.devic
 def greedy_accept(tokens: Sequence[int], parents: Sequence[int], argmax: Sequence[int]) -> tuple[list[int], int]:
     """The longest root path whose tokens equal the model's argmax, and the bonus token after it.
 
-    `argmax[0]` is the model's next token after the anchor, `argmax[1 + i]` after node i. Returns
-    (accepted node indices in root-to-leaf order, bonus token). With no match the bonus is argmax[0].
+    `argmax[0]` is the model's next token after the anchor, `argmax[1 + i]` after node i. Node i
+    agrees when its parent agrees (or is the anchor) and tokens[i] == argmax[parent's row]; the
+    accepted path leads to the deepest agreeing node, ties to the earliest node index (without
+    duplicate siblings at most one path agrees). Duplicate siblings (root-attached chains beside
+    the spine) can make several paths agree: the longest is committed, never merely the first
+    sibling that matches. A negative argmax (-1: unknown, as replay passes off the true path)
+    equals no token. Returns (accepted node indices in root-to-leaf order, bonus = the argmax after
+    the last accepted node); with no match the bonus is argmax[0]. One pass, O(N).
     """
-    children: dict[int, list[int]] = {}
+    am = argmax.tolist() if hasattr(argmax, "tolist") else list(argmax)
+    depth = [0] * len(tokens)  # depth of node i if it agrees, else 0
+    best, best_depth = ROOT, 0
     for i, p in enumerate(parents):
-        children.setdefault(int(p), []).append(i)
+        p = int(p)
+        if not ROOT <= p < i:
+            raise ValueError(f"node {i} has parent {p}: parents must precede their children")
+        if p != ROOT and not depth[p]:
+            continue  # below a node that does not agree
+        want = int(am[p + 1])
+        if want >= 0 and int(tokens[i]) == want:
+            d = depth[i] = 1 if p == ROOT else depth[p] + 1
+            if d > best_depth:  # strictly deeper: ties keep the earliest node
+                best, best_depth = i, d
     accepted: list[int] = []
-    node = ROOT
-    while True:
-        want = int(argmax[node + 1])
-        nxt = next((c for c in children.get(node, ()) if int(tokens[c]) == want), None)
-        if nxt is None:
-            return accepted, want
-        accepted.append(nxt)
-        node = nxt
+    node = best
+    while node != ROOT:
+        accepted.append(node)
+        node = int(parents[node])
+    accepted.reverse()
+    return accepted, int(am[best + 1])
 
 
 def compact_cache(cache, past_len: int, keep: Sequence[int]) -> None:

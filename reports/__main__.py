@@ -1,4 +1,4 @@
-"""`python -m reports [--runs runs] [--out reports/html]`: render every census and decoder result as HTML."""
+"""`python -m reports [--runs runs] [--out reports/html]`: render every census, replay and decoder result as HTML."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from data.errors import OilbirdError, cli_entry
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m reports",
-        description="Render every census and decoder result under RUNS into self-contained HTML pages: "
+        description="Render every census, replay and decoder result under RUNS into self-contained HTML pages: "
                     "index.html, one page per (benchmark, model), and grid.html across benchmarks.")
     p.add_argument("--runs", default="runs", help="results root (default runs/)")
     p.add_argument("--out", default="reports/html", help="output folder (default reports/html/)")

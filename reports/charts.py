@@ -195,3 +195,32 @@ def grid_chart(benches: list[str], series: dict[str, list[float]], name: str = "
         ax.set_ylabel("%")
         ax.legend(frameon=False, ncols=len(series))
         return to_svg(fig, name, "Avail, Gap and Recall per benchmark")
+
+
+def tau_chart(arms: list[str], tau: list[float | None], lows: list[float | None], highs: list[float | None],
+              live: list[float | None] | None = None, name: str = "replay-tau") -> str:
+    """Replay tau per arm with its 95% interval as a whisker; the live decoder's tau as a marker, if given."""
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 0.45 * len(arms) + 1.1)
+        y = np.arange(len(arms))
+        vals = np.array([np.nan if v is None else v for v in tau], dtype=float)
+        lo = np.array([v if v is not None else np.nan for v in lows], dtype=float)
+        hi = np.array([v if v is not None else np.nan for v in highs], dtype=float)
+        err = np.vstack([np.nan_to_num(vals - lo), np.nan_to_num(hi - vals)]).clip(0, None)
+        ax.barh(y, vals, xerr=err, color=BLUE, height=0.6, capsize=3, label="replay tau, 95% interval")
+        for yi, v, h in zip(y, vals, hi):
+            if not np.isnan(v):
+                ax.annotate(f"{v:.2f}", (v if np.isnan(h) else h, yi), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+        top = [x for x in (*vals, *hi) if not np.isnan(x)]
+        if live is not None:
+            lv = np.array([np.nan if v is None else v for v in live], dtype=float)
+            if not np.all(np.isnan(lv)):
+                ax.plot(lv, y, "D", color=VERMILION, label="live tau (measured)")
+                top += [x for x in lv if not np.isnan(x)]
+        ax.set_yticks(y, arms)
+        ax.invert_yaxis()
+        ax.set_xlim(0, max(top) * 1.2 if top and max(top) > 0 else 1)
+        ax.set_xlabel("tau (tokens per verification pass)")
+        ax.legend(frameon=False, loc="lower right")
+        return to_svg(fig, name, "tau per arm, replay with 95% intervals")

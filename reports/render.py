@@ -10,6 +10,13 @@ The cliff histogram measures both populations by `longest_match_len` (the longes
 found in the pool, capped at the oracle's maximum), the quantity behind the mechanism table's
 medians, so the chart and the table agree. The threshold sweep: recall at cosine threshold t is
 the share of gap positions where sem_hit holds and sem_best_cos >= t.
+
+The decision block (right after the headline): whether to enable the semantic draft source, by the one
+rule in decoder/verdict.py, read from the replay's strictly-past pool (`oilbird`'s sole-source share,
+its paired tau gain over `oilbird-no-semantic`, the two arms' estimated speedups; nodes 60 when several
+budgets were replayed, else the largest); without a replay of `oilbird`, from the live decoder's share
+with the gain unknown (so never "enable"). Live decoder results are shown beside the replay as the
+ground truth; the warm-pool replay and other node budgets are secondary tables.
 """
 
 from __future__ import annotations
@@ -17,18 +24,23 @@ from __future__ import annotations
 import math
 import os
 import tempfile
+import urllib.parse
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import polars as pl
 
+from data.errors import OilbirdError
+from decoder.verdict import ENABLE_SHARE, OFF_SHARE, Verdict, verdict
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
-from reports.results import Census, Result, wilson
+from reports.results import DECISION_NODES, Arm, Census, Result, wilson
 
 DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)
-SOLE_ENABLE = 0.09  # sole-source share above which the semantic source pays (paper, "Generality")
-SOLE_OFF = 0.03  # ... below which it does not
+SOLE_ENABLE = ENABLE_SHARE  # sole-source share at or above which the semantic source pays (decoder/verdict.py)
+SOLE_OFF = OFF_SHARE  # ... below which it does not
+ON_ARM, OFF_ARM = "oilbird", "oilbird-no-semantic"  # the paired comparison the verdict reads
 CSP = "default-src 'none'; style-src 'unsafe-inline'; img-src data:; base-uri 'none'; form-action 'none'"
 
 KEY_LABELS = {
@@ -143,6 +155,8 @@ def number(v, kind: str = "num") -> str:
         return pct(v)
     if kind == "ratio":
         return f"{v:.2f}×"
+    if kind == "2f":  # tau: always two decimals
+        return f"{v:.2f}"
     if float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:.2f}" if abs(v) < 100 else f"{v:,.1f}"
@@ -267,7 +281,8 @@ def headline(result: Result, census: Census) -> str:
 
 
 def bench_name(result: Result, census: Census | None = None) -> str:
-    for s in ([census.summary] if census else []) + [a.summary for a in result.arms]:
+    for s in ([census.summary] if census else []) + [a.summary for a in result.arms + result.replay
+                                                     + result.replay_warm]:
         if isinstance(s.get("bench"), str) and s["bench"]:
             return s["bench"]
     return result.bench
@@ -484,38 +499,361 @@ def cases_section(result: Result, census: Census, token_text: TokenText | None) 
     return section("cases", title, intro, render_cases(census.positions, token_text, request_ids))
 
 
-# ---------------------------------------------------------------- decoder section
+# ---------------------------------------------------------------- the decision (decoder/verdict.py)
 
-def recommendation(share: float) -> tuple[str, str]:
-    """(css class, verdict) of a sole-source share."""
-    if share > SOLE_ENABLE:
-        return "enable", f"enable the semantic source (above the ~{100 * SOLE_ENABLE:.0f}% line where it pays)"
-    if share < SOLE_OFF:
-        return "off", f"leave the semantic source off (below the ~{100 * SOLE_OFF:.0f}% line, it does not pay)"
-    return "neutral", (f"neutral: between ~{100 * SOLE_OFF:.0f}% and ~{100 * SOLE_ENABLE:.0f}%, the semantic source "
-                       "neither clearly pays nor clearly costs; decide on the measured speedups")
+DECISION_CSS = {"enable": "enable", "neutral": "neutral", "leave off": "off"}
+DECISION_TEXT = {
+    "enable": "enable the semantic source",
+    "neutral": "neutral: the semantic source neither clearly pays nor clearly costs on these numbers",
+    "leave off": "leave the semantic source off",
+}
+BASIS_TEXT = {
+    "committed": "of all committed tokens (bonus tokens included; the paper's definition)",
+    "draft": "of accepted draft tokens (bonus tokens left out)",
+}
+
+
+def recommendation(share, gain_interval=None, speedup_on=None, speedup_off=None) -> tuple[str, str]:
+    """(css class, verdict text) of decoder.verdict.verdict on these numbers (None: not known)."""
+    v = verdict(share, None, gain_interval, speedup_on, speedup_off)
+    return DECISION_CSS[v.decision], DECISION_TEXT[v.decision]
+
+
+@dataclass
+class Decision:
+    """The verdict a page shows, and what it was read from."""
+
+    source: str  # "replay" (replay/, strictly-past pool) or "live" (decode/)
+    verdict: Verdict
+    arm: Arm  # the arm whose sole-source share was read (oilbird)
+    off: Arm | None  # oilbird-no-semantic from the same source, if run
+    gain: dict  # the replay's paired_gain block ({} when absent)
 
 
 def _dict(v) -> dict:
     return v if isinstance(v, dict) else {}
 
 
+def _named(arms: list[Arm], name: str) -> Arm | None:
+    return next((a for a in arms if a.name == name), None)
+
+
+def _estimate(arm: Arm | None) -> dict:
+    return _dict(arm.summary.get("estimate")) if arm is not None else {}
+
+
+def _est_speedup(arm: Arm | None):
+    v = _estimate(arm).get("speedup")
+    return v if _finite(v) else None
+
+
+def _live_speedup(arm: Arm | None):
+    v = arm.summary.get("speedup") if arm is not None else None
+    return v if _finite(v) else None
+
+
+def decide(result: Result) -> Decision | None:
+    """The verdict from the replay (strictly-past pool) when it ran `oilbird`, else from the live decoder's
+    sole-source share (no paired gain: never "enable"), else None."""
+    on = _named(result.replay, ON_ARM)
+    if on is not None:
+        peers = result.replay_nodes.get(on.nodes, []) if on.nodes is not None else []
+        off = _named(peers, OFF_ARM) or _named(result.replay, OFF_ARM)
+        if off is not None and None not in (off.nodes, on.nodes) and off.nodes != on.nodes:
+            off = None  # another node budget: not a paired comparison
+        share = on.sole_source or {}
+        gain = _dict(on.summary.get("paired_gain"))
+        if gain.get("versus", OFF_ARM) != OFF_ARM:
+            gain = {}
+        v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), _est_speedup(on),
+                    _est_speedup(off) if off is not None else None)
+        return Decision("replay", v, on, off, gain)
+    arms = share_arms(result)
+    if not arms:
+        return None
+    main = arms[0]
+    off = _named(result.arms, OFF_ARM) if main.name == ON_ARM else None
+    both = off is not None and _live_speedup(main) is not None and _live_speedup(off) is not None
+    v = verdict(main.sole_source["share"], main.sole_source.get("interval"), None,
+                _live_speedup(main) if both else None, _live_speedup(off) if both else None)
+    return Decision("live", v, main, off, {})
+
+
+def with_iv(v, iv, kind: str = "2f") -> str:
+    """A number and, when known, its 95% interval in brackets."""
+    s, i = number(v, kind), interval(iv, kind)
+    return s if s == "n/a" or i == "n/a" else f"{s} [{i}]"
+
+
+def gain_text(v, iv) -> str:
+    """A paired ratio as ×1.040 [1.010–1.070]."""
+    if not _finite(v):
+        return "n/a"
+    i = iv if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(_finite(x) for x in iv) else None
+    return f"×{v:.3f}" + (f" [{i[0]:.3f}–{i[1]:.3f}]" if i else "")
+
+
+def share_text(entry: dict | None) -> str:
+    """A sole-source share with its interval and counts, e.g. 3.10% [2.00–4.00%] (2,100 of 67,324)."""
+    if not entry or not _finite(entry.get("share")):
+        return "–"
+    counts = _sole_counts(entry)
+    return with_iv(entry["share"], entry.get("interval"), "pct") + (f" ({counts})" if counts else "")
+
+
+def _sole_counts(ss: dict) -> str:
+    sole, total = ss.get("sole"), ss.get("total")
+    return f"{int(sole):,} of {int(total):,}" if _finite(sole) and _finite(total) else ""
+
+
+def replay_command(result: Result) -> str:
+    return f"python -m decoder replay --bench {bench_name(result)} --model {result.model_name}"
+
+
+def verdict_callout(d: Decision, lead: str) -> str:
+    v = d.verdict
+    reasons = "".join(f"<li>{esc(r)}</li>" for r in v.reasons)
+    return (f'<div class="callout {DECISION_CSS[v.decision]}"><p>{lead}Verdict: '
+            f"<strong>{esc(DECISION_TEXT[v.decision])}</strong>.</p>"
+            f"<ul>{reasons}</ul>"
+            f'<p class="note">Rule (decoder/verdict.py): {esc(v.rule)}</p></div>')
+
+
+def shares_paragraph(arm: Arm, where: str) -> str:
+    parts = []
+    for basis in ("committed", "draft"):
+        e = arm.shares.get(basis)
+        if e and _finite(e.get("share")):
+            parts.append(f"<strong>{share_text(e)}</strong> {esc(BASIS_TEXT[basis])}")
+    if not parts:
+        return f'<p>Sole-source share of <strong>{esc(arm.name)}</strong> ({esc(where)}): not available.</p>'
+    older = ("" if "committed" in arm.shares else
+             " This summary gives only the draft-token share (an older decoder run); the paper's 3% / 9% lines "
+             "are drawn for the share of all committed tokens, which is lower.")
+    return (f"<p>Sole-source share of <strong>{esc(arm.name)}</strong> ({esc(where)}), the accepted tokens that only "
+            f"the semantic source proposed: {'; '.join(parts)}.{esc(older)}</p>")
+
+
+def _exact_cell(summary: dict, notes: list[str]) -> str:
+    exact = summary.get("exact")
+    if exact is True:
+        return "yes"
+    if exact is False:
+        reason = summary.get("exact_reason")
+        if isinstance(reason, str) and reason:
+            if reason not in notes:
+                notes.append(reason)
+            k = notes.index(reason) + 1
+            return f'<span title="{esc(reason)}">no [{k}]</span>'
+        return "no"
+    return "n/a"
+
+
+def _speed_cell(arm: Arm) -> str:
+    est = arm.summary.get("estimate")
+    if isinstance(est, dict):
+        return with_iv(est.get("speedup"), est.get("speedup_interval"), "ratio")
+    note = arm.summary.get("estimate_note")
+    tip = f' title="{esc(note)}"' if isinstance(note, str) and note else ""
+    return f'<span class="na"{tip}>no profile</span>'
+
+
+def _tau(summary: dict):
+    """(tau, interval) of a replay ({value, interval}) or live (a number, tau_interval) summary."""
+    t = summary.get("tau")
+    if isinstance(t, dict):
+        return t.get("value"), t.get("interval")
+    return t, summary.get("tau_interval")
+
+
+def replay_table(result: Result, notes: list[str]) -> str:
+    """Replay arms (strictly-past pool) beside the live decoder's, one row per arm."""
+    live = {a.name: a for a in result.arms}
+    names = [a.name for a in result.replay] + [a.name for a in result.arms if _named(result.replay, a.name) is None]
+    head = ["arm", "nodes", "tau [95%]", "est. speedup [95%]", "exact", "sole-source share, committed tokens",
+            "… of accepted draft tokens"]
+    if live:
+        head += ["live tau", "live speedup (measured)"]
+    rows = []
+    for name in names:
+        r, lv = _named(result.replay, name), live.get(name)
+        if r is not None:
+            tau, iv = _tau(r.summary)
+            row = [esc(name), number(r.nodes), with_iv(tau, iv), _speed_cell(r), _exact_cell(r.summary, notes),
+                   share_text(r.shares.get("committed")), share_text(r.shares.get("draft"))]
+        else:
+            row = [esc(name) + " (live only)", "–", "–", "–", "–", "–", "–"]
+        if live:
+            if lv is not None:
+                ltau, liv = _tau(lv.summary)
+                row += [with_iv(ltau, liv), _speed(lv)]
+            else:
+                row += ["–", "–"]
+        rows.append(row)
+    caption = ("Replay over the captured traces, strictly-past pool. tau = committed tokens per verification pass "
+               "(request-bootstrap 95% interval); est. speedup = estimated from a verification-cost profile "
+               "(none: no profile); exact = the replay makes the same passes as live decoding (see the notes).")
+    if live:
+        caption += (" Live columns: the decoder run on the model (decode/); live results are the ground truth, "
+                    "measured where the replay estimates.")
+    return table(head, rows, {1, 2, 3} | ({7, 8} if live else set()), caption=caption)
+
+
+def nodes_table(by_nodes: dict[int, list[Arm]], chosen: int | None) -> str:
+    budgets = sorted(by_nodes)
+    names = list(dict.fromkeys(a.name for n in budgets for a in by_nodes[n]))
+    rows = []
+    for name in names:
+        row = [esc(name)]
+        for n in budgets:
+            a = _named(by_nodes[n], name)
+            row.append(with_iv(*_tau(a.summary)) if a is not None else "–")
+        rows.append(row)
+    head = ["arm"] + [f"tau at {n} nodes" + (" (decision)" if n == chosen else "") for n in budgets]
+    return table(head, rows, set(range(1, len(budgets) + 1)),
+                 caption="tau [95%] per node budget (replay/&lt;arm&gt;/nodes-&lt;N&gt;/). The decision reads "
+                         f"{DECISION_NODES} nodes when replayed, else the largest budget.")
+
+
+def warm_table(arms: list[Arm]) -> str:
+    rows = []
+    for a in arms:
+        gain = _dict(a.summary.get("paired_gain"))
+        rows.append([esc(a.name), number(a.nodes), with_iv(*_tau(a.summary)), _speed_cell(a),
+                     share_text(a.shares.get("committed")),
+                     gain_text(gain.get("tau_ratio"), gain.get("interval")) if gain else "–"])
+    return table(["arm", "nodes", "tau [95%]", "est. speedup [95%]", "sole-source share, committed tokens",
+                  "paired tau gain"], rows, {1, 2, 3},
+                 caption="Warm pool: every other request's trace is in the pool from the start (what a long-running "
+                         "deployment approaches). For comparison only: the decision reads the strictly-past pool.")
+
+
+LEXICAL_ARMS = ("suffix", "sam", "lexical")  # the exact-key drafters oilbird is measured against
+TARGET_OVER_LEXICAL = 1.25  # the gain over the best of them that would make the key clearly worth its cost
+
+
+def lexical_comparison(result: Result, on: Arm) -> str:
+    """oilbird's tau against the best replayed lexical arm at the same node budget, and the 1.25x line."""
+    t_on = _tau(on.summary)[0]
+    taus = {a.name: _tau(a.summary)[0] for a in result.replay if a.name in LEXICAL_ARMS and a.nodes == on.nodes}
+    taus = {k: v for k, v in taus.items() if _finite(v)}
+    if not _finite(t_on) or not taus:
+        return not_available(f"no lexical arm ({', '.join(LEXICAL_ARMS)}) replayed beside {ON_ARM} to compare with")
+    best = max(taus, key=taus.get)
+    ratio = t_on / taus[best]
+    short = ("" if ratio >= TARGET_OVER_LEXICAL else
+             f", short of the {TARGET_OVER_LEXICAL:g}× line by {100 * (TARGET_OVER_LEXICAL - ratio) / TARGET_OVER_LEXICAL:.1f}%")
+    return (f"<p>Against the best lexical arm replayed ({esc(', '.join(sorted(taus)))}): <strong>{ON_ARM}</strong> "
+            f"tau {number(t_on)} vs <strong>{esc(best)}</strong> {number(taus[best])}, "
+            f"<strong>{ratio:.3f}×</strong>{short}.</p>")
+
+
+def decision_section(result: Result) -> str:
+    """The decision block: the verdict with its rule and numbers, read from the replay (else the live decoder)."""
+    sid, title = "decision", "Decision: enable the semantic source?"
+    d = decide(result)
+    command = replay_command(result)
+    if not result.has_decoder:
+        return section(sid, title, not_available(
+            f"no replay or decoder results under {result.bench}/{result.model}/ (run `{command}`; it needs only "
+            "the trace store)"))
+    parts = []
+    if d is not None and d.source == "replay":
+        on, off = d.arm, d.off
+        lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} nodes, "
+                f"{number(on.summary.get('requests'))} requests). ")
+        parts.append(verdict_callout(d, lead))
+        parts.append(shares_paragraph(on, "replay"))
+        g = d.gain
+        if g:
+            speed = (f"; estimated speedup {gain_text(g.get('speedup_ratio'), g.get('speedup_interval'))}"
+                     if _finite(g.get("speedup_ratio")) else "")
+            parts.append(f"<p>Paired gain of <strong>{ON_ARM}</strong> over <strong>{OFF_ARM}</strong> (the same "
+                         f"requests, resampled jointly): tau <strong>{gain_text(g.get('tau_ratio'), g.get('interval'))}"
+                         f"</strong>{speed}.</p>")
+        else:
+            note = on.summary.get("paired_gain_note")
+            parts.append(not_available("no paired gain of oilbird over oilbird-no-semantic in the replay"
+                                       + (f" ({note})" if isinstance(note, str) and note else
+                                          f" (replay both arms in one command: `{command} --arms oilbird,"
+                                          "oilbird-no-semantic`)")))
+        parts.append(lexical_comparison(result, on))
+        est = _estimate(on)
+        if est:
+            device = " · ".join(esc(x) for x in (est.get("device_name"), est.get("device"))
+                                if isinstance(x, str) and x)
+            off_est = _estimate(off)
+            speeds = (f" {ON_ARM} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
+                      + (f", {OFF_ARM} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
+                         if off_est else "") + " over plain greedy.")
+            parts.append(f"<p>Estimated speedups (not measured): verification cost from the profile "
+                         f"<code>{esc(est.get('profile', 'n/a'))}</code>" + (f" ({device})" if device else "")
+                         + f", plus the drafting and update time measured in the replay:{speeds}</p>")
+        else:
+            note = on.summary.get("estimate_note")
+            parts.append(not_available(
+                f"{ON_ARM}: {note}" if isinstance(note, str) and note else
+                f"no estimated speedup for {ON_ARM}: the replay had no verification-cost profile "
+                "(`python -m decoder profile`)"))
+    elif d is not None:  # live decoder only
+        parts.append(verdict_callout(d, "From the live decoder (no replay with oilbird). "))
+        parts.append(shares_paragraph(d.arm, "live decoder"))
+        best = fastest_arm(result, exclude=d.arm)
+        parts.append(f"<p>Measured: <strong>{esc(d.arm.name)}</strong> {_speed(d.arm)} over ar, against "
+                     f"{_speed(best)} for the best other arm (<strong>{esc(best.name)}</strong>).</p>" if best else
+                     f"<p>Measured speedup of {esc(d.arm.name)}: {_speed(d.arm)}.</p>")
+        parts.append(not_available(f"no replay with oilbird: run `{command}` for the paired gain over "
+                                   "oilbird-no-semantic with its interval, which an \"enable\" needs"))
+    else:
+        parts.append(not_available(
+            "no arm reports a sole-source share: replay or decode the semantic arm `oilbird` with "
+            f"`oilbird-no-semantic` (`{command}`)"))
+    notes: list[str] = []
+    if result.replay:
+        parts.append("<h3>Arms</h3>" + replay_table(result, notes))
+        tau = [_tau(a.summary) for a in result.replay]
+        ivs = [iv if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(_finite(x) for x in iv) else (None, None)
+               for _, iv in tau]
+        live = [_tau(_named(result.arms, a.name).summary)[0] if _named(result.arms, a.name) else None
+                for a in result.replay]
+        value = lambda v: v if _finite(v) else None  # noqa: E731
+        if any(value(t) is not None for t, _ in tau):
+            parts.append(charts.tau_chart([a.name for a in result.replay], [value(t) for t, _ in tau],
+                                          [value(i[0]) for i in ivs], [value(i[1]) for i in ivs],
+                                          [value(v) for v in live] if result.arms else None))
+        if notes:
+            parts.append("".join(f'<p class="note">[{k}] not exact: {esc(n)}</p>' for k, n in enumerate(notes, 1)))
+    if result.arms and result.replay:
+        parts.append('<p class="note">Live decoder results (decode/, the section below) are the ground truth: '
+                     "measured on the model, where the replay simulates the drafters over the traces and estimates "
+                     "time. Where they disagree, trust the live run.</p>")
+    if result.replay_nodes:
+        chosen = d.arm.nodes if d is not None and d.source == "replay" else None
+        parts.append("<h3>Node budgets</h3>" + nodes_table(result.replay_nodes, chosen))
+    if result.replay_warm:
+        parts.append("<h3>Warm pool</h3>" + warm_table(result.replay_warm))
+    return section(sid, title, *parts)
+
+
+# ---------------------------------------------------------------- decoder section
+
 def _speed(arm) -> str:
-    return f"{arm.summary['speedup']:.2f}×" if _finite(arm.summary.get("speedup")) else "n/a"
+    return f"{arm.summary['speedup']:.2f}×" if arm is not None and _finite(arm.summary.get("speedup")) else "n/a"
 
 
 def decoder_section(result: Result) -> str:
     title = "Decoder: what the draft sources deliver"
     if not result.arms:
         return section("decoder", title, not_available(
-            f"no decoder results under {result.bench}/{result.model}/decode/ (run `python -m decoder`)"))
+            f"no decoder results under {result.bench}/{result.model}/decode/ (run `python -m decoder`)"
+            + ("; the decision above reads the replay" if result.replay else "")))
     arms = result.arms
     rows = []
     for a in arms:
         s = a.summary
         audit = s.get("lossless") if isinstance(s.get("lossless"), dict) else None
         lossless = (f"{number(audit.get('matched'))}/{number(audit.get('requests'))}" if audit else "n/a")
-        rows.append([esc(a.name), number(s.get("tau")), number(s.get("tokens_per_s")), _speed(a),
+        rows.append([esc(a.name), number(_tau(s)[0]), number(s.get("tokens_per_s")), _speed(a),
                      number(s.get("overhead_fraction"), "pct"), number(s.get("mean_nodes")), lossless,
                      number(s.get("requests"))])
     parts = [table(["arm", "tau", "tokens/s", "speedup", "draft+update share", "mean nodes", "lossless",
@@ -523,7 +861,7 @@ def decoder_section(result: Result) -> str:
                    caption="tau = committed tokens per verification pass; speedup = tokens/s over the same "
                            "invocation's ar; lossless = requests whose output equals ar's.")]
     value = lambda v: v if _finite(v) else None  # noqa: E731
-    parts.append(charts.arm_chart([a.name for a in arms], [value(a.summary.get("tau")) for a in arms],
+    parts.append(charts.arm_chart([a.name for a in arms], [value(_tau(a.summary)[0]) for a in arms],
                                   [value(a.summary.get("speedup")) for a in arms]))
     by_source = [_dict(a.summary.get("accepted_by_source")) for a in arms]
     sources = sorted({src for d in by_source for src in d})
@@ -542,19 +880,21 @@ def decoder_section(result: Result) -> str:
             parts.append(charts.source_chart([arms[i].name for i in shown], sources, [acc[i] for i in shown]))
     else:
         parts.append(not_available("no per-source accepted tokens in the decoder summaries"))
-    parts.append("<h3>Sole-source share and recommendation</h3>" + sole_source_block(result))
+    parts.append("<h3>Sole-source share</h3>" + sole_source_block(result))
     return section("decoder", title, *parts)
 
 
 def share_arms(result: Result) -> list:
-    """Arms with a sole-source share, the one the recommendation reads first (`oilbird` if run)."""
+    """Live arms with a sole-source share, the one the live verdict reads first (`oilbird` if run)."""
     arms = [a for a in result.arms if a.sole_source and _finite(a.sole_source.get("share"))]
-    return sorted(arms, key=lambda a: a.name != "oilbird")
+    return sorted(arms, key=lambda a: a.name != ON_ARM)
 
 
 def main_share(result: Result) -> float | None:
-    arms = share_arms(result)
-    return arms[0].sole_source["share"] if arms else None
+    """The sole-source share the verdict reads (replay oilbird, else the live arm), or None."""
+    d = decide(result)
+    share = d.arm.sole_source if d is not None and d.arm.sole_source else {}
+    return share.get("share") if _finite(share.get("share")) else None
 
 
 def fastest_arm(result: Result, exclude=None):
@@ -563,51 +903,47 @@ def fastest_arm(result: Result, exclude=None):
     return max(arms, key=lambda a: a.summary["speedup"], default=None)
 
 
-def _sole_counts(ss: dict) -> str:
-    return f"{ss['sole']:,} of {ss['accepted']:,}" if _finite(ss.get("sole")) and _finite(ss.get("accepted")) else ""
-
-
 def sole_source_block(result: Result) -> str:
+    """The live arms' sole-source shares (both definitions); the verdict itself is in the decision block."""
     with_share = share_arms(result)
     if not with_share:
         return not_available("no arm reports a sole-source share (run the decoder's semantic arm, `oilbird`)")
-    rows = [[esc(a.name), pct(a.sole_source["share"]), _sole_counts(a.sole_source), esc(a.sole_source.get("from", ""))]
+    rows = [[esc(a.name), share_text(a.shares.get("committed")), share_text(a.shares.get("draft")),
+             esc(", ".join(dict.fromkeys(e.get("from", "") for e in a.shares.values())))]
             for a in with_share]
-    main = with_share[0]
-    share = main.sole_source["share"]
-    cls, verdict = recommendation(share)
-    best = fastest_arm(result, exclude=main)
-    versus = (f" Measured: <strong>{esc(main.name)}</strong> {_speed(main)} over ar, against {_speed(best)} for the "
-              f"best other arm (<strong>{esc(best.name)}</strong>)." if best else
-              f" Measured speedup of {esc(main.name)}: {_speed(main)}.")
-    counts = f" ({_sole_counts(main.sole_source)} accepted tokens)" if _sole_counts(main.sole_source) else ""
-    text = (f'<p class="callout {cls}">Sole-source share of <strong>{esc(main.name)}</strong>: '
-            f"<strong>{pct(share)}</strong> of accepted tokens were proposed by the semantic source alone{counts}. "
-            f"Recommendation: <strong>{esc(verdict)}</strong>.{versus} Lines: above ~{100 * SOLE_ENABLE:.0f}% "
-            f"enable, below ~{100 * SOLE_OFF:.0f}% leave off.</p>")
-    return text + table(["arm", "sole-source share", "sole / accepted tokens", "read from"], rows, {1, 2})
+    d = decide(result)
+    where = "the replay" if d is not None and d.source == "replay" else "these live figures"
+    pointer = (f'<p class="note">The verdict ({esc(d.verdict.decision)}, read from {where}) is at the top of '
+               'the page: <a href="#decision">Decision</a>.</p>' if d is not None else "")
+    return pointer + table(["arm", "share of committed tokens (paper)", "share of accepted draft tokens",
+                            "read from"], rows, {1, 2},
+                           caption="Sole-source share: accepted tokens that only the semantic source proposed.")
 
 
 # ---------------------------------------------------------------- pages
 
 def result_page(result: Result, census: Census | None = None, token_text: TokenText | None = None,
                 others: list[tuple[str, str]] = ()) -> str:
-    """The page of one (benchmark, model): its census (the given one, default the first) and the decoder."""
+    """The page of one (benchmark, model): the headline, the decision (replay / decoder), its census (the given
+    one, default the first) and the live decoder. Pages of another census pool show that census only."""
     census = census or result.census
     bench = bench_name(result, census)
     title = f"Gap report: {bench} · {result.model_name}" + (f" · pool {census.pool}" if census and
                                                              census.pool != "past" else "")
     parts = [f"<h1>{esc(title)}</h1>",
              f'<p class="sub">Results from <code>{esc(result.bench)}/{esc(result.model)}/</code>. '
-             + (" ".join(f'<a href="{esc(href)}">{esc(label)}</a>' for href, label in others)) + "</p>"]
+             + (" ".join(f'<a href="{href(name)}">{esc(label)}</a>' for name, label in others)) + "</p>"]
+    main_page = census is None or census is result.census
     if census is None:
+        parts.append(decision_section(result))
         parts.append(section("census", "Census", not_available(
             f"no census under {result.bench}/{result.model}/ (run `python -m census --bench ...`)")))
     else:
-        parts += [headline(result, census), proportions_table(census), mechanism_section(census),
+        parts += [headline(result, census), decision_section(result) if main_page else "",
+                  proportions_table(census), mechanism_section(census),
                   coverage_section(census), cliff_section(census), novel_section(census), threshold_section(census),
                   cases_section(result, census, token_text)]
-    if census is None or census is result.census:
+    if main_page:
         parts.append(decoder_section(result))
     if census is not None:
         notes = census.summary.get("notes")
@@ -642,26 +978,50 @@ def _cell(e) -> str:
     return f'<span title="{esc(tip)}">{pct(e["value"])}</span>'
 
 
+def verdict_cell(d: Decision | None) -> str:
+    """The verdict in one cell, its reasons in the tooltip."""
+    if d is None:
+        return "–"
+    tip = f"read from the {d.source} results: " + "; ".join(d.verdict.reasons)
+    return f'<span title="{esc(tip)}"><strong>{esc(d.verdict.decision)}</strong> ({esc(d.source)})</span>'
+
+
+def replay_tau_cell(result: Result) -> str:
+    """tau of oilbird in the replay (strictly-past pool) with its interval, or –."""
+    on = _named(result.replay, ON_ARM)
+    return with_iv(*_tau(on.summary)) if on is not None else "–"
+
+
+def share_cell(d: Decision | None) -> str:
+    e = d.arm.sole_source if d is not None else None
+    if not e or not _finite(e.get("share")):
+        return "–"
+    tip = f"{d.arm.name} ({d.source}): {BASIS_TEXT[e['basis']]}; 95% interval {interval(e.get('interval'))}"
+    return f'<span title="{esc(tip)}">{pct(e["share"])}</span>' + ("" if e["basis"] == "committed" else " (draft)")
+
+
 def index_page(results: list[Result]) -> str:
     rows = []
     for r in results:
         c = r.census
         s = c.summary if c else {}
         best = fastest_arm(r)
-        share = main_share(r)
-        links = [f'<a href="{esc(page_name(r))}">report</a>'] + [
-            f'<a href="{esc(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]]
+        d = decide(r)
+        links = [f'<a href="{href(page_name(r))}">report</a>'] + [
+            f'<a href="{href(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]]
         rows.append([esc(bench_name(r, c)), esc(r.model_name), number(s.get("positions")) if c else "–",
                      _cell(s.get("available")) if c else "–", _cell(s.get("gap")) if c else "–",
                      _cell(s.get("recall")) if c else "–",
                      esc(", ".join(a.name for a in r.arms)) or "–",
                      f"{best.summary['speedup']:.2f}× ({esc(best.name)})" if best else "–",
-                     pct(share) if share is not None else "–", " · ".join(links)])
+                     share_cell(d), replay_tau_cell(r), verdict_cell(d), " · ".join(links)])
     body = ("<h1>Oilbird gap reports</h1>"
             f'<p class="sub">{len(results)} result(s). <a href="grid.html">Cross-benchmark grid</a>. Percentages of '
-            "generated positions (Recall: of gap positions); hover for intervals.</p>"
+            "generated positions (Recall: of gap positions); hover for intervals. Verdict: should the semantic draft "
+            "source be enabled (decoder/verdict.py), read from the replay when it ran oilbird, else from the live "
+            "decoder; hover for its numbers.</p>"
             + table(["benchmark", "model", "positions", "Avail", "Gap", "Recall", "decoder arms", "best speedup",
-                     "sole-source share", "pages"], rows, {2, 3, 4, 5, 7, 8}))
+                     "sole-source share", "tau oilbird (replay)", "verdict", "pages"], rows, {2, 3, 4, 5, 7, 8, 9}))
     return page("Oilbird gap reports", body)
 
 
@@ -678,16 +1038,16 @@ def grid_page(results: list[Result]) -> str:
         rows = []
         for r in rows_r:
             s = r.census.summary if r.census else {}
-            share = main_share(r)
+            d = decide(r)
             pool = f" (pool {r.census.pool})" if r.census and r.census.pool != "past" else ""
-            rows.append([f'<a href="{esc(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}',
+            rows.append([f'<a href="{href(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}',
                          number(s.get("positions")) if s else "–", _cell(s.get("available")), _cell(s.get("gap")),
                          _cell(s.get("recall")),
                          interval(_dict(s.get("gap")).get("bootstrap")) if s else "–",
-                         pct(share) if share is not None else "–"])
+                         share_cell(d), replay_tau_cell(r), verdict_cell(d)])
         parts.append(f"<h2>{esc(model)}</h2>" + table(
-            ["benchmark", "positions", "Avail", "Gap", "Recall", "Gap, bootstrap 95%", "sole-source share"],
-            rows, {1, 2, 3, 4, 5, 6}))
+            ["benchmark", "positions", "Avail", "Gap", "Recall", "Gap, bootstrap 95%", "sole-source share",
+             "tau oilbird (replay)", "verdict"], rows, {1, 2, 3, 4, 5, 6, 7}))
         if with_census:
             series = {label: [100 * v if (v := _value(r.census.summary.get(key))) is not None else None
                               for r in with_census]
@@ -717,11 +1077,19 @@ def render_site(results: list[Result], token_text: TokenText | None = None, prog
     return pages
 
 
+def href(name: str) -> str:
+    """A link to a generated page: the name percent-encoded (a '#' or '?' in a benchmark's file name would
+    otherwise cut the link), then escaped for the attribute."""
+    return esc(urllib.parse.quote(name, safe=""))
+
+
 def write_site(out: Path, pages: dict[str, str]) -> list[Path]:
     """Write every page atomically, in order (the index last, so it never lists a page not yet there).
 
     Pages are made world-readable (0644), like any file a web server or a colleague may open."""
     out = Path(out)
+    if out.exists() and not out.is_dir():
+        raise OilbirdError(f"--out {out} is a file, not a folder: name a folder for the pages")
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, text in pages.items():

@@ -7,7 +7,12 @@ Layout read (written by the census and the decoder; only files are read, no code
   runs/<bench>/<model>/census-<pool>/...           census with another pool mode (e.g. warm)
   runs/<bench>/<model>/decode/<arm>/summary.json   decoder, one folder per arm
   runs/<bench>/<model>/decode/<arm>/cycles.parquet
+  runs/<bench>/<model>/replay/<arm>/summary.json   replay (python -m decoder replay), strictly-past pool
+  runs/<bench>/<model>/replay/<arm>/nodes-<N>/summary.json   ... one folder per node budget when the
+                                                   replay ran several (then the arm folder holds only these)
+  runs/<bench>/<model>/replay-warm/<arm>/...       replay with the warm pool (every other request's trace)
 
+Folders whose name starts with "." are temporary (a folder being written) and are skipped.
 A census or an arm counts as a result when its summary.json exists. A summary.json that is not a
 JSON object, or a positions.parquet that cannot be read, is an error naming the file (nothing is
 rendered from half a result); optional blocks and columns that are missing are reported on the page.
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -42,10 +48,21 @@ class Census:
 
 @dataclass
 class Arm:
+    """One decoder arm: a live run (decode/<arm>/) or a replay (replay*/<arm>/[nodes-<N>/])."""
+
     name: str
     folder: Path
     summary: dict
-    sole_source: dict | None = None  # {share, sole, accepted, from}: see sole_source_share
+    shares: dict[str, dict] = field(default_factory=dict)  # {"committed" | "draft": entry}: sole_source_shares
+    kind: str = "live"  # "live" or "replay"
+    pool: str = "past"  # the replay's pool ("past" or "warm"); live arms: "past"
+    nodes: int | None = None  # node budget (summary.json `nodes`, else the nodes-<N> folder)
+
+    @property
+    def sole_source(self) -> dict | None:
+        """The share the verdict reads: over committed tokens (the paper's) if known, else over accepted
+        draft tokens (an older live summary); the entry's `basis` says which."""
+        return self.shares.get("committed") or self.shares.get("draft")
 
 
 @dataclass
@@ -57,7 +74,15 @@ class Result:
     folder: Path
     meta: dict | None  # traces/meta.json, None if absent
     censuses: list[Census] = field(default_factory=list)  # census/ first, then census-* by name
-    arms: list[Arm] = field(default_factory=list)  # ar first, then by name
+    arms: list[Arm] = field(default_factory=list)  # live decoder arms: ar first, then by name
+    replay: list[Arm] = field(default_factory=list)  # replay, strictly-past pool: one arm each (the decision's)
+    replay_nodes: dict[int, list[Arm]] = field(default_factory=dict)  # nodes -> arms, from replay/<arm>/nodes-<N>/
+    replay_warm: list[Arm] = field(default_factory=list)  # replay-warm/, as replay
+    replay_warm_nodes: dict[int, list[Arm]] = field(default_factory=dict)
+
+    @property
+    def has_decoder(self) -> bool:
+        return bool(self.arms or self.replay or self.replay_nodes or self.replay_warm or self.replay_warm_nodes)
 
     @property
     def census(self) -> Census | None:
@@ -71,7 +96,7 @@ class Result:
     def model_name(self) -> str:
         """The model as the run names it (alias, hub id or path), for display and the tokenizer."""
         for source in (self.meta, self.census.summary if self.census else None,
-                       self.arms[0].summary if self.arms else None):
+                       *(a.summary for a in (self.arms + self.replay + self.replay_warm)[:1])):
             if source and isinstance(source.get("model"), str) and source["model"]:
                 return source["model"]
         return self.model
@@ -108,36 +133,132 @@ def read_positions(path: Path) -> tuple[pl.DataFrame | None, tuple[str, ...]]:
     return df, missing
 
 
-def sole_source_share(summary: dict, cycles_path: Path) -> dict | None:
-    """Accepted tokens that only the semantic source proposed, over all accepted tokens.
+def _finite(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
-    Read from summary.json when the decoder wrote it (`sole_source_share`: a number, or
-    {value | share, sole | k, accepted | n}); otherwise counted from cycles.parquet (`sources`: one
-    label per accepted node, the proposing sources joined by '|'), but only for an arm whose
-    accepted tokens credit the semantic source at all. None when neither applies.
+
+def _share_entry(raw, basis: str, source: str) -> dict | None:
+    """{share, interval, sole, total, basis, definition, from} from a summary's share (a number or a dict)."""
+    counts = raw if isinstance(raw, dict) else {}
+    share = counts.get("value", counts.get("share")) if isinstance(raw, dict) else raw
+    if not _finite(share):
+        return None
+    iv = counts.get("interval")
+    total = counts.get("tokens") if "tokens" in counts else counts.get("accepted", counts.get("n"))
+    return {"share": float(share),
+            "interval": list(iv) if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(map(_finite, iv)) else None,
+            "sole": counts.get("sole", counts.get("k")), "total": total, "basis": basis,
+            "definition": counts.get("definition") if isinstance(counts.get("definition"), str) else None,
+            "from": source}
+
+
+def sole_source_shares(summary: dict, cycles_path: Path, replay: bool | None = None) -> dict[str, dict]:
+    """The sole-source shares an arm reports, by denominator: {"committed": entry, "draft": entry} (either
+    may be absent; {} for an arm without the semantic source).
+
+    committed: accepted tokens only the semantic source proposed, over ALL committed tokens (bonus
+    tokens included; the paper's definition). draft: the same tokens over accepted draft tokens.
+    Read from summary.json when the decoder or the replay wrote them: `sole_source_share` is the
+    committed one when it counts `tokens` or the summary is a replay's (`replay`; by default its `kind`
+    says so); an older live summary's (a number, or {value | share, sole | k, accepted | n}) is the
+    draft one, and `sole_source_share_of_draft` is the draft one. Otherwise both are counted from
+    cycles.parquet (`sources`: one label per accepted node, the proposing sources joined by '|';
+    `committed`: tokens per pass, if present), but only for an arm whose accepted tokens credit the
+    semantic source at all (and a cycles.parquet without `sources` gives none).
     """
+    out: dict[str, dict] = {}
+    replay = summary.get("kind") == "replay" if replay is None else replay
     for key in ("sole_source_share", "semantic_sole_source_share"):
         raw = summary.get(key)
-        counts = raw if isinstance(raw, dict) else {}
-        share = counts.get("value", counts.get("share")) if counts else raw
-        if isinstance(share, (int, float)) and not isinstance(share, bool) and math.isfinite(share):
-            return {"share": float(share), "sole": counts.get("sole", counts.get("k")),
-                    "accepted": counts.get("accepted", counts.get("n")), "from": "summary.json"}
+        committed = (isinstance(raw, dict) and "tokens" in raw) or (replay and key == "sole_source_share")
+        entry = _share_entry(raw, "committed" if committed else "draft", "summary.json")
+        if entry is not None:
+            out[entry["basis"]] = entry
+            break
+    entry = _share_entry(summary.get("sole_source_share_of_draft"), "draft", "summary.json")
+    if entry is not None:
+        out["draft"] = entry
+    if out:
+        return out
     by_source = summary.get("accepted_by_source")
     if not isinstance(by_source, dict) or SEMANTIC_SOURCE not in by_source or not cycles_path.exists():
-        return None
+        return out
     try:
-        labels = pl.read_parquet(cycles_path, columns=["sources"])["sources"].explode().drop_nulls()
+        names = pl.read_parquet_schema(cycles_path)
+        if "sources" not in names:
+            return out
+        cycles = pl.read_parquet(cycles_path, columns=[c for c in ("sources", "committed") if c in names])
+        labels = cycles["sources"].explode().drop_nulls()
+        committed = int(cycles["committed"].sum()) if "committed" in cycles.columns else None
     except Exception as e:
         raise unreadable(cycles_path, e)
     accepted = int(labels.len())
     sole = int((labels == SEMANTIC_SOURCE).sum())
-    return {"share": sole / accepted if accepted else None, "sole": sole, "accepted": accepted,
-            "from": "cycles.parquet"}
+    for basis, total in (("draft", accepted), ("committed", committed)):
+        if total:
+            out[basis] = {"share": sole / total, "interval": None, "sole": sole, "total": total, "basis": basis,
+                          "definition": None, "from": "cycles.parquet"}
+    return out
+
+
+def sole_source_share(summary: dict, cycles_path: Path) -> dict | None:
+    """The share the verdict reads (committed tokens if known, else accepted draft tokens), or None."""
+    shares = sole_source_shares(summary, cycles_path)
+    return shares.get("committed") or shares.get("draft")
+
+
+def read_arm(folder: Path, kind: str, pool: str = "past", nodes: int | None = None) -> Arm:
+    """The arm whose summary.json (and cycles.parquet) lie in `folder`."""
+    summary = read_json(folder / "summary.json")
+    arm = summary.get("arm")
+    name = str(arm) if isinstance(arm, (str, int)) and not isinstance(arm, bool) and str(arm) else None
+    if name is None:
+        name = folder.parent.name if nodes is not None else folder.name
+    n = summary.get("nodes")
+    nodes = int(n) if _finite(n) and float(n).is_integer() else nodes
+    shares = sole_source_shares(summary, folder / "cycles.parquet", replay=kind == "replay" or None)
+    return Arm(name, folder, summary, shares, kind, pool, nodes)
+
+
+NODES_DIR = re.compile(r"nodes-(\d+)")
+DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
+
+
+def _visible_dirs(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_replay(folder: Path, pool: str) -> tuple[list[Arm], dict[int, list[Arm]]]:
+    """(one arm per replayed arm, {nodes: arms}) of a replay folder (replay/ or replay-<pool>/).
+
+    An arm folder holds summary.json (one node budget) or nodes-<N>/summary.json folders; for the
+    first list an arm with several budgets is represented by nodes 60 if present, else its largest.
+    """
+    arms: list[Arm] = []
+    by_nodes: dict[int, list[Arm]] = {}
+    if not folder.is_dir():
+        return arms, by_nodes
+    for adir in _visible_dirs(folder):
+        per_nodes: dict[int, Arm] = {}
+        for ndir in _visible_dirs(adir):
+            m = NODES_DIR.fullmatch(ndir.name)
+            if m and (ndir / "summary.json").exists():
+                arm = read_arm(ndir, "replay", pool, int(m.group(1)))
+                per_nodes[int(m.group(1))] = arm
+                by_nodes.setdefault(int(m.group(1)), []).append(arm)
+        if (adir / "summary.json").exists():
+            arms.append(read_arm(adir, "replay", pool))
+        elif per_nodes:
+            arms.append(per_nodes[DECISION_NODES if DECISION_NODES in per_nodes else max(per_nodes)])
+    order = lambda a: (a.name != "ar", a.name)  # noqa: E731
+    arms.sort(key=order)
+    for n in by_nodes:
+        by_nodes[n].sort(key=order)
+    return arms, dict(sorted(by_nodes.items()))
 
 
 def load_result(folder: Path) -> Result | None:
-    """The census and decoder results of runs/<bench>/<model>/, or None when it holds neither."""
+    """The census, decoder and replay results of runs/<bench>/<model>/, or None when it holds none."""
     meta_path = folder / "traces" / "meta.json"
     meta = None
     if meta_path.exists():
@@ -161,14 +282,14 @@ def load_result(folder: Path) -> Result | None:
         arm_dirs = sorted((p for p in decode.iterdir() if p.is_dir() and not p.name.startswith(".")
                            and (p / "summary.json").exists()), key=lambda p: (p.name != "ar", p.name))
         for adir in arm_dirs:
-            summary = read_json(adir / "summary.json")
-            result.arms.append(Arm(str(summary.get("arm") or adir.name), adir, summary,
-                                   sole_source_share(summary, adir / "cycles.parquet")))
-    return result if result.censuses or result.arms else None
+            result.arms.append(read_arm(adir, "live"))
+    result.replay, result.replay_nodes = load_replay(folder / "replay", "past")
+    result.replay_warm, result.replay_warm_nodes = load_replay(folder / "replay-warm", "warm")
+    return result if result.censuses or result.has_decoder else None
 
 
 def find_results(runs: Path) -> list[Result]:
-    """Every runs/<bench>/<model>/ with a census or decoder result, sorted by (bench, model)."""
+    """Every runs/<bench>/<model>/ with a census, decoder or replay result, sorted by (bench, model)."""
     runs = Path(runs)
     if not runs.is_dir():
         raise OilbirdError(f"no results folder at {runs}: run `make census BENCH=...` (or `python -m census`) first")

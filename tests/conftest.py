@@ -32,6 +32,19 @@ def write_jsonl(path: Path, prompts: list[str], references: list[str] | None = N
     return f"jsonl:{path}"
 
 
+@pytest.fixture
+def one_thread(request):
+    """Tiny models run faster on one thread, and far faster when other jobs share the two cores (two
+    threads wait on each other for whole time slices there). Tests marked slow keep the default."""
+    if request.node.get_closest_marker("slow"):
+        yield
+        return
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
 @pytest.fixture(scope="session")
 def stories():
     if not STORIES.is_dir():

@@ -12,6 +12,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 from data.errors import OilbirdError
 from data.models import LayerTap, load_model
@@ -21,16 +22,7 @@ from decoder.harness import DecodeConfig, first_difference, run_decode
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 
-@pytest.fixture(autouse=True)
-def one_thread(request):
-    """Tiny models run faster on one thread, and far faster when other jobs share the two cores."""
-    if request.node.get_closest_marker("slow"):
-        yield
-        return
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
 
 # A 4-node tree: n0 and n2 hang from the anchor, n1 under n0, n3 under n1.
@@ -90,6 +82,82 @@ def test_greedy_accept_empty_and_deep_branch():
     # two branches share the root token's sibling set; the right one is picked at depth 2
     tokens, parents = [1, 2, 3, 4], [ROOT, 0, 0, 2]
     assert greedy_accept(tokens, parents, [1, 3, 0, 4, 9]) == ([0, 2, 3], 9)
+
+
+def test_greedy_accept_longest_path_beside_a_root_attached_chain():
+    """The issue's case: a spine [5, 9] and, hung from the root beside it, a chain [5, 6, 7, 8]; the
+    truth is 5 6 7 8: the chain's four nodes are committed, not the spine's first node alone."""
+    from decoder.drafters.oilbird import SEMANTIC, merge_candidates
+
+    draft = Draft()
+    draft.add_chain([5, 9], "spine", 60)
+    merge_candidates(draft, [([5, 6, 7, 8], SEMANTIC)], 60, frozenset({SEMANTIC}))
+    assert draft.tokens == [5, 9, 5, 6, 7, 8] and draft.parents == [ROOT, 0, ROOT, 2, 3, 4]
+    # rows: anchor, n0 (5), n1 (9), n2 (5), n3 (6), n4 (7), n5 (8)
+    argmax = np.array([5, 6, 0, 6, 7, 8, 3])
+    assert greedy_accept(draft.tokens, draft.parents, argmax) == ([2, 3, 4, 5], 3)
+    assert greedy_accept(draft.tokens, draft.parents, argmax.tolist()) == ([2, 3, 4, 5], 3)
+    # the spine longer than the chain's agreeing part: the spine wins
+    assert greedy_accept([5, 9, 5, 6], [ROOT, 0, ROOT, 2], [5, 9, 4, 7, 0]) == ([0, 1], 4)
+
+
+def test_greedy_accept_ties_no_match_unknown_rows_and_order():
+    # two agreeing paths of equal depth: the one ending at the earliest node index
+    tokens, parents = [5, 6, 1, 5, 6, 2], [ROOT, 0, 1, ROOT, 3, 4]
+    assert greedy_accept(tokens, parents, [5, 6, 1, 7, 6, 2, 8]) == ([0, 1, 2], 7)
+    assert greedy_accept([5, 6, 5, 6], [ROOT, 0, ROOT, 2], [5, 6, 7, 6, 9]) == ([0, 1], 7)  # duplicate chains
+    assert greedy_accept([5, 5], [ROOT, ROOT], [5, 1, 2]) == ([0], 1)  # duplicate siblings: the first
+    assert greedy_accept([5, 5, 6], [ROOT, ROOT, 1], [5, 1, 6, 2]) == ([1, 2], 2)  # ... unless the second goes deeper
+    # no match at all: nothing accepted, the bonus is the anchor's argmax
+    assert greedy_accept([1, 2, 3], [ROOT, 0, ROOT], [4, 2, 0, 0]) == ([], 4)
+    assert greedy_accept([], [], np.array([7])) == ([], 7)
+    # -1 (unknown, replay) equals no token; an unknown bonus is returned as -1
+    assert greedy_accept([5, 6], [ROOT, 0], [5, -1, -1]) == ([0], -1)
+    assert greedy_accept([5, 6], [ROOT, 0], [-1, -1, -1]) == ([], -1)
+    assert greedy_accept([], [], [-1]) == ([], -1)
+    with pytest.raises(ValueError):
+        greedy_accept([1, 2], [ROOT, 1], [1, 2, 3])  # a node cannot be its own parent
+
+
+def _accept_reference(tokens, parents, argmax):
+    """Brute force: every root path; the longest whose every token equals the argmax at its parent's
+    row; ties: the path ending at the earliest node."""
+    best = ([], int(argmax[0]))
+    for end in range(len(tokens)):
+        path, node = [], end
+        while node != ROOT:
+            path.append(node)
+            node = parents[node]
+        path.reverse()
+        rows = [0] + [1 + i for i in path[:-1]]
+        if all(argmax[r] >= 0 and tokens[i] == argmax[r] for i, r in zip(path, rows)) and len(path) > len(best[0]):
+            best = (path, int(argmax[1 + end]))
+    return best
+
+
+def _first_sibling_walk(tokens, parents, argmax):
+    """The acceptance before the fix (first matching sibling): the reference where siblings are distinct."""
+    accepted, node = [], ROOT
+    while True:
+        want = argmax[node + 1]
+        nxt = next((c for c, p in enumerate(parents) if p == node and tokens[c] == want), None)
+        if nxt is None:
+            return accepted, want
+        accepted.append(nxt)
+        node = nxt
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 2)), max_size=14),
+       st.lists(st.integers(-1, 2), min_size=15, max_size=15))
+def test_greedy_accept_vs_brute_force(nodes, argmax):
+    parents = [r % (i + 1) - 1 for i, (r, _) in enumerate(nodes)]  # -1 (the anchor) .. i - 1
+    tokens = [t for _, t in nodes]
+    argmax = argmax[: 1 + len(tokens)]
+    got = greedy_accept(tokens, parents, np.array(argmax))
+    assert got == _accept_reference(tokens, parents, argmax)
+    if len(set(zip(parents, tokens))) == len(tokens):  # no duplicate siblings: the old walk, unchanged
+        assert got == _first_sibling_walk(tokens, parents, argmax)
 
 
 def _filled_cache(n_layers=2, length=9, heads=2, dim=3):

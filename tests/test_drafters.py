@@ -15,7 +15,7 @@ from data.errors import OilbirdError
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import DRAFTERS, make_drafter
 from decoder.drafters.lexical import ADJACENCY, BRANCH, SPINE, LexicalConfig, build_lexical
-from decoder.drafters.pld import NgramIndex
+from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import RANK_PRIOR, AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, SuffixAutomaton, automaton_chains
 from decoder.drafters.suffix import SuffixConfig, SuffixDrafter
@@ -345,6 +345,54 @@ def test_pld_drafter_chain():
     draft = d.propose([1, 2, 3, 4, 5, 2, 3], 60)
     assert draft.tokens == [4, 5, 2, 3] and draft.parents == [-1, 0, 1, 2]
     assert d.propose([1, 2, 3, 4, 5, 2, 3], 2).tokens == [4, 5]
+
+
+# ---------- the pool under an exact key (the +pool rungs) ----------
+
+def test_pool_ngram_index_small_exact():
+    pool = PoolNgramIndex(3)
+    pool.add_trace([1, 2, 3, 4, 5], "a")  # flat 0..4, separator at 5
+    pool.add_trace([2, 3, 9, 9], "b")  # flat 6..9
+    pool.add_trace([7, 1, 2, 3], None)  # flat 11..14: its "1 2 3" and "2 3" end the trace (nothing to copy)
+    assert pool.n_traces == 3 and pool.n_tokens == 13
+    assert pool.lookup([0, 2, 3], 3, 10) == [9, 9]  # "2 3": the most recent occurrence with a next token (b)
+    assert pool.lookup([0, 2, 3], 3, 10, excluded_group="b") == [4, 5]
+    assert pool.lookup([0, 2, 3], 3, 10, excluded_group="a") == [9, 9]
+    assert pool.lookup([1, 2, 3], 3, 10) == [4, 5]  # the longest n wins over recency
+    assert pool.lookup([1, 2, 3], 3, 1) == [4]
+    assert pool.lookup([1, 2, 3], 3, 10, excluded_group="a") == [9, 9]  # only in the excluded group: back off
+    assert pool.lookup([1, 2, 3], 1, 10) == [9, 9]  # max_n = 1: the anchor token alone
+    assert pool.lookup([5], 3, 10) == []  # 5 ends trace a: nothing after it in that trace
+    assert pool.lookup([4, 5, 2], 3, 10) == [3]  # "5 2" would cross a boundary; "2" last occurs in the third
+    assert pool.lookup([9, 9], 3, 10) == [9]  # "9 9" ends the trace; "9" at flat 8 has one 9 after it
+    assert pool.lookup([8], 3, 10) == [] and pool.lookup([], 3, 10) == [] and pool.lookup([2], 3, 0) == []
+    assert pool.lookup([3], 3, 10, excluded_group="zzz") == [9, 9]  # an unknown group excludes nothing
+    pool.add_trace([2, 3, 6], "a")  # a second trace of group a: now the most recent "2 3"
+    assert pool.lookup([2, 3], 3, 10) == [6]
+    assert pool.lookup([2, 3], 3, 10, excluded_group="a") == [9, 9]  # pos2: the most recent outside a
+    assert pool.lookup([2, 3], 3, 10, excluded_group="b") == [6]
+
+
+def naive_pool_lookup(pool, context, max_n, max_copy, excluded):
+    seqs = [t for t, _ in pool]
+    skip = {k for k, (_, h) in enumerate(pool) if excluded is not None and h == excluded}
+    for k in range(min(max_n, len(context)), 0, -1):
+        occ = [(j, e) for j, e in occurrences(seqs, list(context[-k:])) if j not in skip and e < len(seqs[j]) - 1]
+        if occ:
+            j, e = max(occ)
+            return seqs[j][e + 1 : e + 1 + max_copy]
+    return []
+
+
+@FAST
+@given(pools, st.lists(st.integers(0, 2), max_size=6), hashes, st.integers(1, 4), st.integers(1, 4),
+       st.integers(0, 6))
+def test_pool_ngram_index_vs_naive(pool, context, excluded, max_ngram, max_n, max_copy):
+    index = PoolNgramIndex(max_ngram)
+    for trace, h in pool:
+        index.add_trace(trace, h)
+    got = index.lookup(context, max_n, max_copy, excluded)
+    assert got == naive_pool_lookup(pool, context, min(max_n, max_ngram), max_copy, excluded)
 
 
 # ---------- token recycling ----------

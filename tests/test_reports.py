@@ -261,9 +261,12 @@ def test_census_page_states_the_numbers(toy_page):
     gap = df["gap"].to_numpy()
     k_seen, n_seen = int((gap & ~novel).sum()), int((~novel).sum())
     assert f"{k_seen:,}/{n_seen:,}" in text and f"{int((gap & novel).sum())}/{int(novel.sum())}" in text
-    # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and its recommendation
+    # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and the verdict; live
+    # results without a replay have no paired gain, so decoder.verdict cannot say "enable" on them
     assert "2.50×" in text and "30.0%" in text and "3 of 10" in text
-    assert "enable the semantic source" in text
+    assert "Verdict: neutral: the semantic source neither clearly pays nor clearly costs" in text
+    assert "kept from enable: no paired tau gain interval" in text
+    assert "python -m decoder replay --bench toy --model toy-model" in text
 
 
 def test_threshold_recall_matches_brute_force():
@@ -392,14 +395,19 @@ def test_sole_source_share_and_recommendation(tmp_path):
     runs = make_runs(tmp_path)
     arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
     got = sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet")
-    assert got == {"share": 0.3, "sole": 3, "accepted": 10, "from": "cycles.parquet"}
-    # the decoder's own figure wins when summary.json carries it
-    assert sole_source_share({"sole_source_share": {"value": 0.05}}, arm / "cycles.parquet")["share"] == 0.05
+    # the fixture's cycles.parquet has no `committed` column: only the share of accepted draft tokens
+    assert got == {"share": 0.3, "interval": None, "sole": 3, "total": 10, "basis": "draft", "definition": None,
+                   "from": "cycles.parquet"}
+    # the decoder's own figure wins when summary.json carries it; an old one (no `tokens`) is the draft share
+    old = sole_source_share({"sole_source_share": {"value": 0.05, "sole": 5, "accepted": 100}}, arm / "cycles.parquet")
+    assert old["share"] == 0.05 and old["basis"] == "draft" and old["total"] == 100
     # an arm without the semantic source has no share
     lex = runs / "toy" / "toy-model" / "decode" / "lexical"
     assert sole_source_share(json.loads((lex / "summary.json").read_text()), lex / "cycles.parquet") is None
-    assert recommendation(0.12)[0] == "enable" and recommendation(0.05)[0] == "neutral"
-    assert recommendation(0.01)[0] == "off" and recommendation(0.09)[0] == "neutral"
+    # one rule (decoder.verdict): without a paired gain interval a share alone never enables
+    assert recommendation(0.12)[0] == "neutral" and recommendation(0.05)[0] == "neutral"
+    assert recommendation(0.12, [1.01, 1.1])[0] == "enable" and recommendation(0.09, [1.01, 1.1])[0] == "enable"
+    assert recommendation(0.01)[0] == "off" and recommendation(0.12, [0.9, 0.99])[0] == "off"
     write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": 0.021})
     text = "".join(parse(render_one(runs)).text)
     assert "2.10%" in text and "leave the semantic source off" in text
@@ -411,6 +419,267 @@ def test_pages_are_deterministic(tmp_path):
     a = render_site(find_results(runs), token_text=nasty_text())
     b = render_site(find_results(runs), token_text=nasty_text())
     assert a == b and set(a) == {"toy__toy-model.html", "grid.html", "index.html"}
+
+
+# ---------------------------------------------------------------- replay and the decision
+
+EXACT_REASON = "token recycling's top-8 at rejected nodes is not in the store; the adjacency table skips them"
+
+
+def replay_summary(arm: str, tau: float, share: float | None = None, gain: list | None = None,
+                   speedup: float | None = 2.0, **extra) -> dict:
+    """A replay summary.json as `python -m decoder replay` writes it (README, "Replay")."""
+    tokens = 67324
+    s = {"kind": "replay", "arm": arm, "bench": "toy", "model": "toy-model", "model_fingerprint": "abc",
+         "pool": "past", "nodes": 60, "requests": 534, "generated_tokens": tokens, "passes": round(tokens / tau),
+         "exact": arm in ("suffix", "oilbird-no-semantic-exact"), "exact_reason": None,
+         "tau": {"value": tau, "interval": [round(tau - 0.3, 2), round(tau + 0.3, 2)]},
+         "accepted_by_source": {"spine": 100}, "sole_source_share": None, "sole_source_share_of_draft": None,
+         "nodes_per_pass": {"mean": 41.2, "p50": 44, "max": 60},
+         "draft_s_per_pass": {"mean": 0.0004, "p50": 0.0003, "p99": 0.002}, "paired_gain": None, "seconds": 40.1,
+         "estimate": None if speedup is None else {
+             "profile": "runs/profiles/toy-model-cpu.json", "device": "cpu", "device_name": "Test CPU 9000",
+             "speedup": speedup, "speedup_interval": [speedup - 0.2, speedup + 0.2], "draft_fraction": 0.01}}
+    if not s["exact"]:
+        s["exact_reason"] = EXACT_REASON
+    if share is not None:
+        sole = round(share * tokens)
+        s["sole_source_share"] = {"value": share, "interval": [share - 0.01, share + 0.01], "sole": sole,
+                                  "tokens": tokens, "definition": "accepted tokens only the semantic source "
+                                  "proposed / all committed tokens (bonus tokens included)"}
+        s["sole_source_share_of_draft"] = {"value": 2 * share, "interval": [2 * share - 0.02, 2 * share + 0.02],
+                                           "sole": sole, "accepted": tokens // 2, "definition": "... / accepted "
+                                           "draft tokens"}
+    if gain is not None:
+        s["paired_gain"] = {"versus": "oilbird-no-semantic", "tau_ratio": sum(gain) / 2, "interval": gain,
+                            "speedup_ratio": 1.02, "speedup_interval": [1.0, 1.04]}
+    s.update(extra)
+    return s
+
+
+def write_replay(folder: Path, summaries: list[dict], pool: str = "replay", nodes: int | None = None) -> Path:
+    """replay/<arm>/summary.json (or replay/<arm>/nodes-<N>/summary.json) for each summary."""
+    for s in summaries:
+        d = folder / pool / s["arm"].replace("/", "_") / (f"nodes-{nodes}" if nodes else "")
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "summary.json").write_text(json.dumps(s))
+    return folder
+
+
+def replay_arms(share: float, gain: list, on_speed: float = 2.1, off_speed: float = 2.0, nodes: int = 60) -> list:
+    return [replay_summary("suffix", 4.6, speedup=1.5, nodes=nodes),
+            replay_summary("lexical", 5.2, speedup=1.8, nodes=nodes),
+            replay_summary("oilbird-no-semantic", 5.4, speedup=off_speed, nodes=nodes),
+            replay_summary("oilbird", 5.61, share=share, gain=gain, speedup=on_speed, nodes=nodes)]
+
+
+def decision_of(page: str) -> tuple[str, str]:
+    """(css class of the decision callout, the decision section's text)."""
+    m = re.search(r'<section id="decision">(.*?)</section>', page, re.S)
+    assert m, "no decision section"
+    block = m.group(1)
+    cls = re.search(r'<div class="callout (\w+)">', block)
+    return (cls.group(1) if cls else ""), re.sub(r"\s+", " ", "".join(parse(block).text))
+
+
+def test_decision_block_enable(tmp_path):
+    runs = make_runs(tmp_path)  # census + live arms ar, lexical, oilbird
+    write_replay(runs / "toy" / "toy-model", replay_arms(0.12, [1.02, 1.08]))
+    page = render_one(runs)
+    assert_offline(page)
+    # near the top: after the headline, before the census details and the live decoder
+    assert page.index('class="headline"') < page.index('id="decision"') < page.index('id="mechanism"')
+    assert page.index('id="decision"') < page.index('id="decoder"')
+    cls, text = decision_of(page)
+    assert cls == "enable"
+    assert "Decision: enable the semantic source?" in text and "Verdict: enable the semantic source." in text
+    assert "strictly-past pool, 60 nodes, 534 requests" in text
+    assert "Rule (decoder/verdict.py): Enable the semantic source when" in text  # the rule, with its numbers
+    assert "sole-source share 12.0% (95% interval 11.0–13.0%) is at or above the 9% line" in text
+    # both definitions of the share, named, with intervals and counts
+    assert "12.0% [11.0–13.0%] (8,079 of 67,324) of all committed tokens (bonus tokens included" in text
+    assert "24.0% [22.0–26.0%] (8,079 of 33,662) of accepted draft tokens" in text
+    # the paired gain and the estimate with the profile it came from
+    assert "tau ×1.050 [1.020–1.080]" in text and "estimated speedup ×1.020 [1.000–1.040]" in text
+    assert "runs/profiles/toy-model-cpu.json (Test CPU 9000 · cpu)" in text
+    assert "oilbird 2.10× [1.90×–2.30×], oilbird-no-semantic 2.00× [1.80×–2.20×] over plain greedy" in text
+    # the arms table: tau with intervals, estimated speedup, exact with its reason, shares; live beside it
+    assert "5.61 [5.31–5.91]" in text and "4.60 [4.30–4.90]" in text
+    assert f"[1] not exact: {EXACT_REASON}" in text
+    assert "live speedup (measured)" in text and "live results are the ground truth" in text
+    assert "ar (live only)" in text and "2.50×" in text
+    titles = [a.get("title") for t, a in parse(page).tags if t == "span"]
+    assert EXACT_REASON in titles
+    assert "replay tau, 95% interval" in page  # the chart's legend
+    # oilbird against the best lexical arm, and how far below the 1.25x line (5.61 / 5.2 = 1.079)
+    assert "oilbird tau 5.61 vs lexical 5.20, 1.079×, short of the 1.25× line by 13.7%" in text
+    # the live decoder section points up to the decision instead of deciding again
+    assert "The verdict (enable, read from the replay) is at the top of the page" in "".join(parse(page).text)
+
+
+def test_decision_block_leave_off(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_replay(runs / "toy" / "toy-model", replay_arms(0.021, [0.97, 1.01], on_speed=1.9, off_speed=2.0))
+    page = render_one(runs)
+    assert_offline(page)
+    cls, text = decision_of(page)
+    assert cls == "off" and "Verdict: leave the semantic source off." in text
+    assert "sole-source share 2.10% (95% interval 1.10–3.10%) is below the 3% line" in text
+    assert "speedup 1.90× with the semantic source against 2.00× without: more than 2% slower" in text
+    assert "tau ×0.990 [0.970–1.010]" in text
+    assert "live speedup" not in text  # no decode/: no live columns
+    pages = render_site(find_results(runs), token_text=nasty_text())
+    index = "".join(parse(pages["index.html"]).text)
+    assert "leave off (replay)" in index and "5.61 [5.31–5.91]" in index and "2.10%" in index
+    assert "leave off (replay)" in "".join(parse(pages["grid.html"]).text)
+
+
+def test_decision_neutral_without_paired_gain_or_profile(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    arms = replay_arms(0.12, None, on_speed=None, off_speed=None)
+    arms[-1]["paired_gain_note"] = "replay oilbird-no-semantic in the same command for the paired gain"
+    arms[-1]["estimate_note"] = "no profile at runs/profiles/x.json: no estimated speedup"
+    write_replay(runs / "toy" / "toy-model", arms)
+    cls, text = decision_of(render_one(runs))
+    assert cls == "neutral" and "kept from enable: no paired tau gain interval" in text
+    assert "no paired gain of oilbird over oilbird-no-semantic in the replay (replay oilbird-no-semantic" in text
+    assert "not available: oilbird: no profile at runs/profiles/x.json: no estimated speedup" in text
+    assert "no profile" in text.split("est. speedup")[-1]  # the arms table says it per arm
+
+
+def test_no_replay_note(tmp_path):
+    page = render_one(make_runs(tmp_path, decode=False))
+    _, text = decision_of(page)
+    assert ("not available: no replay or decoder results under toy/toy-model/ (run `python -m decoder replay "
+            "--bench toy --model toy-model`") in text
+
+
+def test_replay_only_result_renders(tmp_path):
+    folder = tmp_path / "runs" / "toy" / "toy-model"
+    write_replay(folder, replay_arms(0.12, [1.02, 1.08]))
+    (result,) = find_results(tmp_path / "runs")
+    assert result.census is None and result.arms == [] and [a.name for a in result.replay] == [
+        "lexical", "oilbird", "oilbird-no-semantic", "suffix"]
+    assert result.replay[1].sole_source["basis"] == "committed" and result.replay[1].nodes == 60
+    pages = render_site([result], token_text=nasty_text())
+    for page in pages.values():
+        assert_offline(page)
+    page = pages["toy__toy-model.html"]
+    cls, text = decision_of(page)
+    assert cls == "enable" and "live speedup" not in text and "(live only)" not in text
+    full = "".join(parse(page).text)
+    assert "no census under toy/toy-model/" in full and "the decision above reads the replay" in full
+    index = "".join(parse(pages["index.html"]).text)
+    assert "enable (replay)" in index and "tau oilbird (replay)" in index
+
+
+def test_replay_node_budgets_warm_pool_and_temporary_folders(tmp_path):
+    folder = make_runs(tmp_path, decode=False) / "toy" / "toy-model"
+    write_replay(folder, replay_arms(0.02, [0.9, 0.95], nodes=16), nodes=16)
+    write_replay(folder, replay_arms(0.12, [1.02, 1.08], nodes=60), nodes=60)
+    write_replay(folder, replay_arms(0.05, [1.0, 1.1], nodes=128), nodes=128)
+    warm = replay_arms(0.15, [1.05, 1.2])
+    for s in warm:
+        s["pool"] = "warm"
+    write_replay(folder, warm, pool="replay-warm")
+    for tmp in (folder / "replay" / ".oilbird.tmp-1", folder / "replay" / "oilbird" / ".nodes-60.old-2"):
+        tmp.mkdir(parents=True)
+        (tmp / "summary.json").write_text("not json at all")  # a folder being written: ignored
+    (result,) = find_results(folder.parent.parent)
+    assert sorted(result.replay_nodes) == [16, 60, 128] and len(result.replay_nodes[60]) == 4
+    assert {a.nodes for a in result.replay} == {60} and [a.pool for a in result.replay_warm] == ["warm"] * 4
+    cls, text = decision_of(render_one(folder.parent.parent))
+    assert cls == "enable" and "60 nodes" in text  # nodes 60, not the largest
+    assert "tau at 16 nodes" in text and "tau at 60 nodes (decision)" in text and "tau at 128 nodes" in text
+    assert "Warm pool" in text and "×1.125 [1.050–1.200]" in text
+    assert "the decision reads the strictly-past pool" in text
+    # without nodes 60 the decision reads the largest budget
+    shutil.rmtree(folder / "replay")
+    write_replay(folder, replay_arms(0.02, [0.9, 0.95], nodes=16), nodes=16)
+    write_replay(folder, replay_arms(0.05, [1.0, 1.1], nodes=32), nodes=32)
+    cls, text = decision_of(render_one(folder.parent.parent))
+    assert cls == "neutral" and "32 nodes" in text and "tau at 32 nodes (decision)" in text
+
+
+def test_corrupt_replay_summary_names_the_file(tmp_path):
+    from data.errors import OilbirdError
+
+    folder = tmp_path / "runs" / "toy" / "toy-model"
+    write_replay(folder, replay_arms(0.12, [1.02, 1.08]))
+    bad = folder / "replay" / "oilbird" / "summary.json"
+    bad.write_text("[1, 2, 3]")
+    with pytest.raises(OilbirdError, match=re.escape(f"{bad} is not a JSON object")):
+        find_results(tmp_path / "runs")
+    bad.unlink()
+    nodes = folder / "replay" / "oilbird" / "nodes-60"
+    nodes.mkdir()
+    (nodes / "summary.json").write_text("{not json")
+    with pytest.raises(OilbirdError, match=re.escape(f"cannot read {nodes / 'summary.json'}")):
+        find_results(tmp_path / "runs")
+    shutil.rmtree(nodes)
+    warm = write_replay(folder, [replay_summary("suffix", 4.0)], pool="replay-warm") / "replay-warm" / "suffix"
+    (warm / "summary.json").write_text('"a string"')
+    with pytest.raises(OilbirdError, match="replay-warm/suffix/summary.json is not a JSON object"):
+        find_results(tmp_path / "runs")
+
+
+def test_replay_text_is_escaped(tmp_path):
+    folder = tmp_path / "runs" / "toy" / "toy-model"
+    evil = "<script>alert(1)</script>"
+    arms = replay_arms(0.12, [1.02, 1.08])
+    arms[0]["arm"] = evil  # an arm name from the file
+    arms[1]["exact_reason"] = '<img src=x onerror=alert(1)> "quoted" & more'
+    arms[3]["estimate"]["profile"] = "runs/<b>profile</b>.json"
+    arms[3]["estimate"]["device_name"] = "<i>GPU</i>"
+    arms[3]["nodes"] = "<u>60</u>"
+    write_replay(folder, arms)
+    odd = '<b onmouseover="x">odd folder'
+    (folder / "replay" / odd).mkdir()  # a folder name from the file system
+    (folder / "replay" / odd / "summary.json").write_text(json.dumps({"tau": {"value": 3.0}}))
+    pages = render_site(find_results(tmp_path / "runs"), token_text=nasty_text())
+    for page in pages.values():
+        tags = assert_offline(page)
+        assert not any(t in ("script", "img", "b", "i", "u") for t, _ in tags.tags)
+    text = "".join(parse(pages["toy__toy-model.html"]).text)
+    for s in (evil, odd, '<img src=x onerror=alert(1)> "quoted" & more', "runs/<b>profile</b>.json",
+              "<i>GPU</i>"):
+        assert s in text, s
+
+
+def test_missing_replay_keys_render_as_not_available(tmp_path):
+    folder = tmp_path / "runs" / "toy" / "toy-model"
+    write_replay(folder, [{"arm": "oilbird"}, {"arm": "oilbird-no-semantic", "tau": "fast", "estimate": "x",
+                                               "sole_source_share": {"value": None}, "paired_gain": [1]}])
+    (folder / "replay" / "suffix").mkdir()
+    (folder / "replay" / "suffix" / "summary.json").write_text(json.dumps({"tau": {"value": 4.0, "interval": "no"},
+                                                                            "estimate": {"speedup": None}}))
+    pages = render_site(find_results(tmp_path / "runs"), token_text=nasty_text())
+    for page in pages.values():
+        assert_offline(page)
+    cls, text = decision_of(pages["toy__toy-model.html"])
+    assert cls == "neutral" and "no sole-source share for oilbird" in text and "n/a" in text
+    assert "4.00" in text
+
+
+def test_live_summary_with_both_share_definitions(tmp_path):
+    runs = make_runs(tmp_path)
+    arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
+    write_arm(arm, "oilbird", 2.5, SEMANTIC_LABELS, {
+        "kind": "live", "tau_interval": [3.2, 3.8],
+        "sole_source_share": {"value": 0.1, "interval": [0.08, 0.12], "sole": 30, "tokens": 300},
+        "sole_source_share_of_draft": {"value": 0.3, "interval": [0.25, 0.35], "sole": 30, "accepted": 100}})
+    (result,) = find_results(runs)
+    oil = next(a for a in result.arms if a.name == "oilbird")
+    assert oil.sole_source["basis"] == "committed" and oil.shares["draft"]["share"] == 0.3
+    cls, text = decision_of(result_page(result, token_text=nasty_text()))
+    assert cls == "neutral"  # a live run alone has no paired gain interval
+    assert "10.0% [8.00–12.0%] (30 of 300) of all committed tokens" in text
+    assert "30.0% [25.0–35.0%] (30 of 100) of accepted draft tokens" in text
+    assert "older decoder run" not in text
+    # with a replay beside it, the live tau (and its interval) shows in the same table
+    write_replay(runs / "toy" / "toy-model", replay_arms(0.12, [1.02, 1.08]))
+    cls, text = decision_of(render_one(runs))
+    assert cls == "enable" and "3.50 [3.20–3.80]" in text
 
 
 # ---------------------------------------------------------------- the command line
@@ -461,6 +730,32 @@ def test_other_pool_modes_get_their_own_page(tmp_path):
     pages = render_site([result], token_text=nasty_text())
     assert page_name(result, result.censuses[1]) in pages
     assert "pool warm" in pages["toy__toy-model__census-warm.html"]
+
+
+def test_out_naming_a_file_is_one_line(tmp_path, capsys):
+    from reports.__main__ import main
+
+    runs = make_runs(tmp_path)
+    target = tmp_path / "taken"
+    target.write_text("a file")
+    assert main(["--runs", str(runs), "--out", str(target), "--quiet"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error:") and "is a file" in err and "\n" not in err
+    assert target.read_text() == "a file"
+
+
+def test_links_to_odd_file_names_are_url_encoded(tmp_path):
+    from reports.__main__ import main
+
+    runs = make_runs(tmp_path)
+    odd = runs / "a#b?c.jsonl"
+    (runs / "toy").rename(odd)
+    out = tmp_path / "html"
+    assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 0
+    page = "a#b?c.jsonl__toy-model.html"
+    assert (out / page).exists()
+    index = (out / "index.html").read_text()
+    assert 'href="a%23b%3Fc.jsonl__toy-model.html"' in index and f'href="{page}"' not in index
 
 
 # ---------------------------------------------------------------- a real browser

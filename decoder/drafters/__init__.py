@@ -3,7 +3,8 @@
 Every drafter is a thin class around pure functions in its module and offers, beyond the protocol:
   - `begin_request(prompt, prompt_hash=None)`: pool traces added under the same prompt hash
     (default: `data.capture.prompt_hash(prompt)`) are never drafted from during this request; the
-    automaton arms exclude them at match time (see `sam.AutomatonIndex`);
+    automaton arms exclude them at match time (see `sam.AutomatonIndex`), the +pool arms
+    likewise (`pld.PoolNgramIndex`);
   - `add_trace(output_tokens, prompt_hash=None)`: put a finished trace in the pool (None: never
     excluded). `end_request(prompt, output, hidden)` is add_trace(output, prompt_hash(prompt)),
     so a `--warm-from` store fed through end_request is keyed like served requests.

@@ -22,7 +22,8 @@ from an extra pass. The first pass of a request has no h_t (the prefill computes
 last prompt token), so it drafts without the key and the rollouts.
 
 Sources (attribution labels): spine, branch, adjacency (the lexical host), pld / recycling (the
-transplant hosts), semantic (the key), rollout (the ring buffer).
+transplant hosts), semantic (the key), rollout (the ring buffer), pool (a transplant host's own exact
+key over the pool of finished traces: the +pool rungs).
 
 Arms (presets of this one drafter, `ARM_PRESETS`):
   oilbird                the method as above
@@ -35,8 +36,20 @@ Arms (presets of this one drafter, `ARM_PRESETS`):
                          first state) selects up to 4 traces; every pass copies, from each, what followed
                          the context's longest suffix n-gram (<= 4), depth by trace rank
   oilbird-fixed-depth    per-position key, depth by neighbour rank (16, 8, 4, 2, ...) instead of D(s)
+  pld+pool               prompt lookup as the host, and in B_ret the pool's chain under PLD's own key:
+                         what followed the most recent pool occurrence of the context's longest suffix
+                         n-gram (n <= 3), up to B_ret tokens (`pld.PoolNgramIndex`)
+  recycling+pool         Token Recycling as the host, and in B_ret the pool's chain under its own key
+                         (the anchor token): what followed its most recent pool occurrence, up to B_ret
   pld+key                prompt lookup as the host, the key in B_ret of the same budget
   recycling+key          Token Recycling as the host, the key in B_ret of the same budget
+
+The transplant ladder, per published host: base (`pld`, `recycling`: the drafter alone), +pool (the
+same host handed the cross-request pool under its own exact key) and +key (that key replaced by the
+semantic key at the same 60-node budget and B_ret = 16). +pool and +key share the host, the budget
+split, the merge (`merge_candidates`) and the same-prompt exclusion; they differ in what fills B_ret.
+The gate opens on the exact-key sources, as for the lexical host (whose automaton spans the request
+and the pool): for +pool the host's key over the request or over the pool; for +key the host alone.
 """
 
 from __future__ import annotations
@@ -50,13 +63,13 @@ import numpy as np
 from data.capture import prompt_hash as hash_prompt
 from decoder.draft import ROOT, Draft
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
-from decoder.drafters.pld import NgramIndex
+from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_chains
 from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SelfCalibration, SemanticPool,
                                        copy_depth, ngram_continuation, rejected_records, semantic_chains)
 
-SEMANTIC, ROLLOUT = "semantic", "rollout"
+SEMANTIC, ROLLOUT, POOL = "semantic", "rollout", "pool"
 HOSTS = ("lexical", "pld", "recycling", "none")
 KEY_LEVELS = ("position", "request", "null")
 
@@ -82,6 +95,8 @@ class OilbirdConfig:
     branch_max: int = 32  # tokens per branch
     pld_max_ngram: int = 3  # pld host
     pld_max_copy: int = 10
+    host_pool: bool = False  # +pool rung (hosts pld / recycling): B_ret also takes the pool's chain under the
+    #                          host's own exact key (pld: suffix n-gram <= pld_max_ngram; recycling: the anchor)
     rollouts: int = 4  # rejected-branch rollouts per pass (0 = ring buffer off)
     rollout_depth: int = 6  # tokens of endorsed continuation per rejected node
     rollout_theta: float = 0.8  # cos(h_t, the record's state) needed
@@ -102,6 +117,8 @@ ARM_PRESETS: dict[str, dict] = {
     "oilbird-root-attached": {"attach": "root"},
     "oilbird-request-key": {"key_level": "request", "rank_depths": RANK_DEPTHS},
     "oilbird-fixed-depth": {"rank_depths": RANK_DEPTHS},
+    "pld+pool": {"host": "pld", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
+    "recycling+pool": {"host": "recycling", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
     "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0},
     "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0},
 }
@@ -155,9 +172,13 @@ class OilbirdDrafter:
             raise ValueError(f"key_level must be one of {', '.join(KEY_LEVELS)} (got {c.key_level!r})")
         if c.attach not in ("merge", "root"):
             raise ValueError(f"attach must be merge or root (got {c.attach!r})")
+        if c.host_pool and c.host not in ("pld", "recycling"):
+            raise ValueError(f"host_pool needs host pld or recycling (got {c.host!r})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
         self.table = AdjacencyTable(vocab_size) if c.host in ("lexical", "recycling") else None
         self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
+        # the +pool rungs: the pool under the host's own key (pld: n-grams <= pld_max_ngram; recycling: 1-grams)
+        self.host_pool = (PoolNgramIndex(c.pld_max_ngram if c.host == "pld" else 1) if c.host_pool else None)
         self.pool = SemanticPool()
         self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
         self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
@@ -169,13 +190,15 @@ class OilbirdDrafter:
         self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
         self.counters = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
-                             rollout_time_s=0.0)
+                             rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0)
 
     # ------------------------------------------------------------ the pool
     def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None,
                   hidden: np.ndarray | None = None, key_state: np.ndarray | None = None) -> None:
         if self.index is not None:
             self.index.add_trace(output_tokens, prompt_hash)
+        if self.host_pool is not None:
+            self.host_pool.add_trace(output_tokens, prompt_hash)
         self.pool.add_trace(output_tokens, hidden, prompt_hash, key_state)
 
     def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
@@ -265,6 +288,19 @@ class OilbirdDrafter:
                 chains.append(chain)
         return chains
 
+    def _pool_chain(self, context: Sequence[int], max_copy: int) -> Chain:
+        """The +pool rungs' chain: what followed, in the pool (same-prompt traces skipped), the context's
+        longest suffix under the host's own key (pld: n-gram <= pld_max_ngram; recycling: the anchor),
+        up to `max_copy` tokens (timed into host_pool_time_s)."""
+        if self.host_pool is None or max_copy <= 0:
+            return []
+        t0 = time.perf_counter()
+        self.counters["host_pool_queries"] += 1
+        chain = self.host_pool.lookup(context, self.host_pool.max_ngram, max_copy, self._prompt_hash)
+        self.counters["host_pool_time_s"] += time.perf_counter() - t0
+        self.counters["host_pool_chains"] += bool(chain)
+        return chain
+
     def _rollouts(self, anchor: int) -> list[Chain]:
         c = self.config
         if c.rollouts <= 0 or self.h_t is None or self.ring.size == 0:
@@ -291,11 +327,14 @@ class OilbirdDrafter:
         chains = None if self.index is None else automaton_chains(self.index, c.spine_max, c.branch_top,
                                                                   c.branch_max)
         draft, open_ = self._host(context, budget - reserve, chains)
-        if c.gate and c.host != "none" and not open_:
+        pooled = self._pool_chain(context, reserve)  # +pool: part of the host's exact key, so it opens the gate
+        if c.gate and c.host != "none" and not (open_ or pooled):
             self.counters["gated"] += 1
             return self._host(context, budget, chains)[0] if reserve else draft
         cap = len(draft) + reserve
         candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
+        if pooled:
+            candidates.append((pooled, POOL))
         if chains is not None:
             candidates += [(g, BRANCH) for g in chains[1]]
         candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
@@ -347,4 +386,6 @@ class OilbirdDrafter:
             "store_bytes_per_token": self.pool.nbytes() / n_tok if n_tok else None,
             "ring_records": self.ring.size,
             "ring_bytes": self.ring.nbytes(),
+            "host_pool": self.host_pool is not None,
+            "host_pool_tokens": self.host_pool.n_tokens if self.host_pool is not None else 0,
         }

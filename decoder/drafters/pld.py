@@ -4,6 +4,11 @@ The index maps every n-gram (n <= max_ngram) of the context to the end position 
 recent occurrence, excluding the context's final position (whose n-grams are the query). It is
 extended by the tokens committed since the last call, O(max_ngram) per token, so a cycle never
 rescans the context. The longest n wins; within it, the most recent occurrence.
+
+`PoolNgramIndex` is the same key over a pool of finished traces (the `pld+pool` and
+`recycling+pool` transplant rungs, see decoder/drafters/oilbird.py): n-gram -> its most recent
+occurrence and the most recent occurrence of another group (sam.py's `pos` / `pos2`), so that
+skipping one excluded group (the request's own prompt hash) is exact.
 """
 
 from __future__ import annotations
@@ -50,6 +55,98 @@ class NgramIndex:
             j = self.last.get(tuple(toks[len(toks) - k :]))
             if j is not None:
                 return toks[j + 1 : j + 1 + max_copy]
+        return []
+
+
+SEP = -1  # separates traces in `PoolNgramIndex.tokens`
+NO_GROUP = -2  # an excluded group that matches nothing
+
+
+class PoolNgramIndex:
+    """n-gram (n <= max_ngram) -> its most recent end position in a pool of traces, outside one excluded group.
+
+    Traces enter with `add_trace(tokens, group)` (group: a prompt hash; None = a group of its own, never
+    excluded), flattened with a separator between them, so no n-gram and no copied continuation ever
+    crosses a trace boundary. Only end positions followed by a token of the same trace are indexed
+    (an occurrence with nothing after it has nothing to copy). Per n-gram, `pos` is the most recent
+    end position and `pos2` the most recent one whose group differs from `pos`'s (-1 if none): for
+    any single excluded group, one of the two is the most recent occurrence outside it.
+    O(max_ngram) per added token; a lookup is O(max_ngram).
+    """
+
+    def __init__(self, max_ngram: int) -> None:
+        self.max_ngram = max_ngram
+        self.tokens: list[int] = []  # every trace, SEP between traces
+        self.group: list[int] = []  # group id of each position (SEP positions: -1)
+        self.occ: dict[tuple[int, ...], list[int]] = {}  # n-gram -> [pos, pos2]
+        self._group_of: dict[Hashable, int] = {}
+        self._n_groups = 0
+        self.n_traces = 0
+        self.n_tokens = 0  # trace tokens (separators not counted)
+
+    def group_id(self, group: Hashable | None, create: bool = False) -> int:
+        """The internal id of `group` (NO_GROUP if unknown and not created; None always gets a fresh id)."""
+        if group is None and create:
+            self._n_groups += 1
+            return self._n_groups - 1
+        gid = self._group_of.get(group, NO_GROUP)
+        if gid == NO_GROUP and create:
+            gid = self._group_of[group] = self._n_groups
+            self._n_groups += 1
+        return gid
+
+    def add_trace(self, tokens: Sequence[int], group: Hashable | None = None) -> None:
+        if not len(tokens):
+            return
+        gid = self.group_id(group, create=True)
+        if self.tokens:
+            self.tokens.append(SEP)
+            self.group.append(-1)
+        start = len(self.tokens)
+        self.tokens.extend(int(t) for t in tokens)
+        self.group.extend([gid] * len(tokens))
+        self.n_traces += 1
+        self.n_tokens += len(tokens)
+        toks, grp, occ = self.tokens, self.group, self.occ
+        for j in range(start, len(toks) - 1):  # end positions with a next token in this trace
+            for k in range(1, min(self.max_ngram, j - start + 1) + 1):
+                key = tuple(toks[j - k + 1 : j + 1])
+                entry = occ.get(key)
+                if entry is None:
+                    occ[key] = [j, -1]
+                    continue
+                if grp[entry[0]] != gid:
+                    entry[1] = entry[0]
+                entry[0] = j
+
+    def occurrence(self, ngram: Sequence[int], excluded: int = NO_GROUP) -> int:
+        """The most recent end position of `ngram` outside internal group `excluded` (-1 if none)."""
+        entry = self.occ.get(tuple(int(t) for t in ngram))
+        if entry is None:
+            return -1
+        p = entry[0]
+        return entry[1] if self.group[p] == excluded else p
+
+    def continuation(self, pos: int, max_copy: int) -> list[int]:
+        """Up to max_copy tokens after position `pos`, stopping at the end of its trace."""
+        seg = self.tokens[pos + 1 : pos + 1 + max(0, max_copy)]
+        if SEP in seg:
+            seg = seg[: seg.index(SEP)]
+        return seg
+
+    def lookup(self, context: Sequence[int], max_n: int, max_copy: int,
+               excluded_group: Hashable | None = None) -> list[int]:
+        """What followed, in the pool, the longest suffix n-gram (n <= min(max_n, max_ngram)) of `context`:
+        its most recent occurrence outside `excluded_group` (a prompt hash; None excludes nothing),
+        up to `max_copy` tokens. A longer n-gram found only in the excluded group backs off to shorter n."""
+        if max_copy <= 0 or not self.occ:
+            return []
+        excluded = NO_GROUP if excluded_group is None else self.group_id(excluded_group)
+        n_ctx = len(context)
+        for k in range(min(max_n, self.max_ngram, n_ctx), 0, -1):
+            p = self.occurrence(context[n_ctx - k :], excluded)
+            if p >= 0:
+                return self.continuation(p, max_copy)
         return []
 
 

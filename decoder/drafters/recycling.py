@@ -60,11 +60,14 @@ class AdjacencyTable:
         self.table = np.full((vocab_size, k), -1, dtype=np.int32)
 
     def update(self, tokens: Sequence[int] | np.ndarray, topk: np.ndarray) -> None:
-        """Row tokens[i] := topk[i]; for repeated tokens the last occurrence wins."""
+        """Row tokens[i] := topk[i]; for repeated tokens the last occurrence wins.
+
+        A row of topk starting with -1 is unknown (replay: the model's output at a rejected node is
+        not in the trace store) and is skipped."""
         tokens = np.asarray(tokens, dtype=np.int64)
         topk = np.asarray(topk)
         rows, k = self.table.shape
-        keep = (tokens >= 0) & (tokens < rows)
+        keep = (tokens >= 0) & (tokens < rows) & (topk[:, 0] >= 0)
         tokens, topk = tokens[keep], topk[keep][:, :k]
         rev = tokens[::-1]
         _, first_in_rev = np.unique(rev, return_index=True)

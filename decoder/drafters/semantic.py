@@ -236,7 +236,9 @@ def rejected_records(result: VerifyResult, max_depth: int = 6) -> list[tuple[int
     Rejected nodes: the children of the anchor and of the accepted nodes that were not accepted
     (the nodes verification judged and refused). Rows index result.hidden (0 = anchor, 1 + i = node i).
     The continuation starts with the model's argmax at the node and follows the child carrying that
-    argmax while one exists, up to `max_depth` tokens.
+    argmax while one exists, up to `max_depth` tokens. An argmax of -1 is unknown (replay: the trace
+    store holds the model's outputs on the true path only): the continuation stops there, and a node
+    with no known continuation gives no record.
     """
     draft = result.draft
     if not len(draft) or max_depth <= 0:
@@ -251,12 +253,15 @@ def rejected_records(result: VerifyResult, max_depth: int = 6) -> list[tuple[int
         cont, node = [], i
         while len(cont) < max_depth:
             tok = int(argmax[1 + node])
+            if tok < 0:
+                break
             cont.append(tok)
             nxt = draft.child(node, tok)
             if nxt is None:
                 break
             node = nxt
-        out.append((0 if p == ROOT else 1 + p, int(draft.tokens[i]), cont))
+        if cont:
+            out.append((0 if p == ROOT else 1 + p, int(draft.tokens[i]), cont))
     return out
 
 

@@ -1,0 +1,426 @@
+"""`python -m decoder profile`: the time of one verification forward against draft nodes and context.
+
+What is measured, on one device, model and dtype: for each context length L (the tokens already in
+the KV cache, `past_len`), the wall time of `decoder.engine.verify_tree` feeding the anchor plus a
+draft tree of N nodes (N = 0 is the `ar` step: the anchor alone), the median of `reps` runs after
+one warm-up, the cache cropped back to L after every run; and the time of `decoder.engine.prefill`
+against prompt length. Replay (which simulates every drafter over captured greedy traces without
+running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
+the sum over requests of prefill_s(prompt_len) + the sum over its passes of verify_s(nodes,
+past_len) + the measured drafting and update time; plain greedy decoding is prefill_s(prompt_len)
++ one verify_s(0, past_len) per generated token; the speedup is their ratio. `CostModel` reads the
+profile and interpolates between the measured grid points.
+
+Files: runs/profiles/<model>-<device>.json (`default_profile_path`); the format is `measure_profile`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import platform
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from data.errors import OilbirdError, cli_entry
+
+FORMAT = 1
+DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
+DEFAULT_CONTEXTS = (256, 512, 1024, 2048)  # when no trace store says which lengths the traffic has
+MAX_NODES = 256
+CONTEXT_ROUND = 16  # store quantiles are rounded up to a multiple of this (a tidy grid that covers the max)
+REQUIRED_KEYS = ("format", "model", "model_fingerprint", "nodes", "contexts", "verify_s", "prefill_lengths", "prefill_s")
+
+
+@dataclass
+class ProfileConfig:
+    model: str = "smollm2-135m"  # HF id, local dir, or alias smollm2-135m | stories260k
+    device: str | None = None  # default cuda when available
+    dtype: str | None = None  # default float32 on CPU, bfloat16 on CUDA
+    bench: str | None = None  # take the context lengths from runs/<bench>/<model>/traces
+    contexts: tuple[int, ...] | None = None  # explicit context lengths (wins over bench)
+    nodes: tuple[int, ...] = DEFAULT_NODES
+    reps: int = 3  # timed runs per grid point; the median is kept
+    out: str = "runs"  # runs root
+    file: str | None = None  # output path; default runs/profiles/<model>-<device>.json
+    progress: bool = True
+    seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
+
+
+def default_profile_path(out: str | Path, model_slug: str, device_type: str) -> Path:
+    return Path(out) / "profiles" / f"{model_slug}-{device_type}.json"
+
+
+# ---------------------------------------------------------------- which context lengths
+
+def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
+    """Quantiles of the context lengths (prompt + position) over every generated position of a store.
+
+    points = 4 gives the 10/50/90/100% quantiles (the max, so replay interpolates rather than
+    extrapolates), each rounded up to a multiple of 16, deduplicated."""
+    from data.store import open_store
+
+    if points < 1:
+        raise OilbirdError(f"points must be at least 1 (got {points})")
+    store = open_store(store_path, load_hidden=False)
+    prompt = store.requests["prompt_tokens"].list.len().to_numpy().astype(np.int64)
+    out = store.requests["output_tokens"].list.len().to_numpy().astype(np.int64)
+    if out.sum() > 0:
+        starts = np.repeat(np.cumsum(out) - out, out)
+        lengths = np.repeat(prompt, out) + (np.arange(int(out.sum())) - starts)
+    else:  # nothing generated: the prompts are all there is
+        lengths = prompt
+    qs = [1.0] if points == 1 else [*np.linspace(0.1, 0.9, points - 1), 1.0]
+    values = np.quantile(lengths, qs)
+    return sorted({max(CONTEXT_ROUND, int(math.ceil(v / CONTEXT_ROUND)) * CONTEXT_ROUND) for v in values})
+
+
+def max_positions(model: torch.nn.Module) -> int | None:
+    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
+        value = getattr(cfg, key, None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
+
+
+def clip_contexts(model: torch.nn.Module, contexts: Sequence[int], nodes: Sequence[int]) -> list[int]:
+    """Context lengths that leave room for the anchor and the deepest tree within the model's positions
+    (max_position_embeddings - 65 with the default nodes; stories260k has 512), sorted, deduplicated."""
+    limit = max_positions(model)
+    room = max([0, *nodes]) + 1
+    if limit is not None:
+        if limit - room < 1:
+            raise OilbirdError(f"the model has {limit} positions: no room for {room - 1} nodes")
+        contexts = [min(int(c), limit - room) for c in contexts]
+    return sorted({int(c) for c in contexts})
+
+
+# ---------------------------------------------------------------- measuring
+
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def _median_time(fn, reps: int, device: torch.device, after=None) -> float:
+    """Median wall time of `reps` calls of fn (synchronized on CUDA); `after` runs untimed after each."""
+    times = []
+    for _ in range(reps):
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        fn()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        times.append(time.perf_counter() - t0)
+        if after is not None:
+            after()
+    return float(statistics.median(times))
+
+
+@torch.no_grad()
+def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_NODES, reps: int = 3,
+                    progress: bool = True, seed: int = 0) -> dict:
+    """Time verify_tree over the (context, nodes) grid and prefill over prompt lengths; a JSON-ready dict.
+
+    Tree shape: the parents of Token Recycling's default template of N nodes (a real, bushy draft
+    tree: 8 children of the anchor, deeper chains below the likeliest). Token ids are random
+    (seeded): the cost of a forward does not depend on them."""
+    from tqdm import tqdm
+    from transformers import DynamicCache
+
+    from decoder.drafters.recycling import default_template
+    from decoder.engine import prefill, verify_tree
+
+    if reps < 1:
+        raise OilbirdError(f"--reps must be at least 1 (got {reps})")
+    nodes = sorted({int(n) for n in nodes})
+    if not nodes or nodes[0] < 0 or nodes[-1] > MAX_NODES:
+        raise OilbirdError(f"--nodes must be counts in 0..{MAX_NODES} (got {nodes})")
+    contexts = clip_contexts(lm.model, contexts, nodes)
+    if not contexts or contexts[0] < 1:
+        raise OilbirdError(f"context lengths must be at least 1 (got {contexts})")
+    model, dev = lm.model, lm.device
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, lm.vocab_size, (contexts[-1] + 1 + nodes[-1],), generator=gen).tolist()
+    draft = ids[contexts[-1] + 1:]  # draft token ids (any ids will do)
+    trees = {n: list(default_template(n)[0]) if n else [] for n in nodes}
+    # prefill: the prompt lengths whose forward builds each context (L cached + the anchor), plus a
+    # couple of shorter prompts so the curve has a point near zero (short prompts are cheap)
+    extra = sorted({p for p in (16, (contexts[0] + 1) // 2) if 2 <= p < contexts[0] + 1})
+    bar = tqdm(total=len(extra) + len(contexts) * (1 + len(nodes)), unit="pt", desc="profile",
+               disable=not progress, dynamic_ncols=True)
+
+    def timed_prefill(n: int) -> tuple[float, DynamicCache]:
+        caches: list[DynamicCache] = []
+
+        def run():
+            caches[:] = [DynamicCache()]  # keep only the last cache
+            prefill(model, caches[-1], ids[:n])
+
+        return _median_time(run, reps, dev), caches[-1]
+
+    timed_prefill(extra[0] if extra else contexts[0] + 1)  # warm-up: first-call allocations, kernel choice
+    prefill_s: dict[int, float] = {}
+    for p in extra:
+        prefill_s[p], _ = timed_prefill(p)
+        bar.update(1)
+    verify_s = []
+    for L in contexts:
+        bar.set_postfix(context=L)
+        prefill_s[L + 1], cache = timed_prefill(L + 1)  # the cache now holds L tokens; ids[L] is the anchor
+        bar.update(1)
+        row = []
+        for n in nodes:
+
+            def run(n=n, L=L, cache=cache):
+                verify_tree(model, cache, L, ids[L], draft[:n], trees[n])
+
+            def crop(L=L, cache=cache):  # back to the L-token prefix (transformers 5 crops by a negative count)
+                cache.crop(L - cache.get_seq_length())
+
+            run()
+            crop()  # warm-up
+            row.append(_median_time(run, reps, dev, after=crop))
+            bar.update(1)
+        verify_s.append(row)
+    bar.close()
+    lengths = sorted(prefill_s)
+    return {
+        "format": FORMAT, "model": lm.name, "model_fingerprint": lm.fingerprint,
+        "device": dev.type, "device_name": device_name(dev), "dtype": str(lm.dtype).removeprefix("torch."),
+        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "nodes": nodes, "contexts": contexts, "verify_s": verify_s,
+        "prefill_lengths": lengths, "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
+        "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+    }
+
+
+# ---------------------------------------------------------------- the cost model
+
+def _segments(x: np.ndarray, xs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(i, t) with x = xs[i] + t (xs[i+1] - xs[i]), i the segment (end segments for x outside: t < 0 or > 1)."""
+    i = np.clip(np.searchsorted(xs, x, side="right") - 1, 0, len(xs) - 2)
+    return i, (x - xs[i]) / (xs[i + 1] - xs[i])
+
+
+def _as_grid(xs: Sequence[float]) -> np.ndarray:
+    """A one-point axis becomes two points one apart holding the same values (constant along it)."""
+    xs = np.asarray(xs, dtype=np.float64)
+    return np.array([xs[0], xs[0] + 1.0]) if len(xs) == 1 else xs
+
+
+class CostModel:
+    """Seconds of one verification forward, verify_s(nodes, past_len), and of prefill, prefill_s(prompt_len).
+
+    verify_s: bilinear over the measured (context, nodes) grid; beyond the last context (or before the
+    first) the end segment is extended linearly; nodes below the first measured count take its value,
+    beyond the last they are extended linearly from the last two counts; never below the smallest
+    measured time. prefill_s: piecewise linear, extended linearly at both ends, never below 0.
+    Both take scalars (-> float) or numpy arrays (broadcast; -> array).
+    """
+
+    def __init__(self, contexts: Sequence[int], nodes: Sequence[int], verify: np.ndarray,
+                 prefill_lengths: Sequence[int], prefill: Sequence[float], meta: dict | None = None):
+        self.contexts = np.asarray(contexts, dtype=np.float64)
+        self.nodes = np.asarray(nodes, dtype=np.float64)
+        self.verify = np.asarray(verify, dtype=np.float64)
+        self.prefill_lengths = np.asarray(prefill_lengths, dtype=np.float64)
+        self.prefill = np.asarray(prefill, dtype=np.float64)
+        self.meta = dict(meta or {})
+        if self.verify.shape != (len(self.contexts), len(self.nodes)) or self.verify.size == 0:
+            raise ValueError(f"verify_s has shape {self.verify.shape}, expected "
+                             f"{(len(self.contexts), len(self.nodes))} (contexts x nodes)")
+        if len(self.prefill) != len(self.prefill_lengths) or len(self.prefill) == 0:
+            raise ValueError("prefill_s and prefill_lengths differ in length or are empty")
+        for name, axis in (("contexts", self.contexts), ("nodes", self.nodes), ("prefill_lengths", self.prefill_lengths)):
+            if np.any(np.diff(axis) <= 0):
+                raise ValueError(f"{name} must be strictly increasing")
+        if not (np.all(np.isfinite(self.verify)) and np.all(np.isfinite(self.prefill))):
+            raise ValueError("times must be finite")
+        self._floor = float(self.verify.min())
+        # one-point axes are made constant by duplicating the point
+        self._cx = _as_grid(self.contexts)
+        self._nx = _as_grid(self.nodes)
+        v = self.verify
+        self._v = np.concatenate([v, v], 0) if len(self.contexts) == 1 else v
+        self._v = np.concatenate([self._v, self._v], 1) if len(self.nodes) == 1 else self._v
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "CostModel":
+        missing = [k for k in REQUIRED_KEYS if k not in d] if isinstance(d, dict) else list(REQUIRED_KEYS)
+        if missing:
+            raise ValueError(f"missing {', '.join(missing)}")
+        if d["format"] != FORMAT:
+            raise ValueError(f"format {d['format']}, this version reads {FORMAT}")
+        meta = {k: v for k, v in d.items() if k not in ("verify_s", "prefill_s")}
+        return cls(d["contexts"], d["nodes"], np.asarray(d["verify_s"], dtype=np.float64),
+                   d["prefill_lengths"], d["prefill_s"], meta)
+
+    @classmethod
+    def load(cls, path: str | Path, model_fingerprint: str | None = None, model: str | None = None) -> "CostModel":
+        """Read a profile; one-line OilbirdError when it is missing, malformed, or for another model
+        (`model` only names the model in the messages)."""
+        path = Path(path)
+        want = model or "M"
+        if not path.is_file():
+            raise OilbirdError(f"no decoder profile at {path}: make one with `python -m decoder profile --model {want}`")
+        try:
+            d = json.loads(path.read_text())
+            cm = cls.from_dict(d)
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
+            reason = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise OilbirdError(f"{path} is not a decoder profile ({reason}); make one with "
+                               f"`python -m decoder profile --model {want}`") from None
+        if model_fingerprint is not None and d["model_fingerprint"] != model_fingerprint:
+            want = model or f"<the model with fingerprint {model_fingerprint}>"
+            raise OilbirdError(f"profile {path} was measured for model {d['model']} ({d['model_fingerprint']}), "
+                               f"not {want} ({model_fingerprint}): make one with `python -m decoder profile --model {want}`")
+        return cm
+
+    def verify_s(self, nodes, past_len):
+        n = np.maximum(np.asarray(nodes, dtype=np.float64), self._nx[0])  # clamp below the first count
+        c = np.asarray(past_len, dtype=np.float64)
+        i, s = _segments(c, self._cx)
+        j, t = _segments(n, self._nx)
+        v = self._v
+        out = ((1 - s) * ((1 - t) * v[i, j] + t * v[i, j + 1])
+               + s * ((1 - t) * v[i + 1, j] + t * v[i + 1, j + 1]))
+        out = np.maximum(out, self._floor)
+        return float(out) if out.ndim == 0 else out
+
+    def prefill_s(self, prompt_len):
+        x = np.asarray(prompt_len, dtype=np.float64)
+        if len(self.prefill_lengths) == 1:  # one point: proportional to the length
+            out = self.prefill[0] * x / self.prefill_lengths[0]
+        else:
+            i, t = _segments(x, self.prefill_lengths)
+            out = (1 - t) * self.prefill[i] + t * self.prefill[i + 1]
+        out = np.maximum(out, 0.0)
+        return float(out) if out.ndim == 0 else out
+
+
+# ---------------------------------------------------------------- the command
+
+def _int_list(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise OilbirdError(f"{flag} takes comma-separated integers (got '{text}')") from None
+    if not values:
+        raise OilbirdError(f"{flag} is empty")
+    return values
+
+
+def format_profile(d: dict) -> str:
+    """The verify grid in ms (rows: contexts, columns: nodes) and the prefill curve."""
+    head = f"{'context':>8} | " + " ".join(f"{n:>7}" for n in d["nodes"])
+    lines = [f"verify forward, ms ({d['model']} on {d['device_name']}, {d['dtype']}, {d['threads']} threads)",
+             head, "-" * len(head)]
+    for L, row in zip(d["contexts"], d["verify_s"]):
+        lines.append(f"{L:>8} | " + " ".join(f"{1e3 * s:>7.2f}" for s in row))
+    lines.append("prefill, ms: " + ", ".join(f"{p} tok {1e3 * s:.1f}" for p, s in zip(d["prefill_lengths"], d["prefill_s"])))
+    return "\n".join(lines)
+
+
+def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
+    if cfg.contexts is not None:
+        if min(cfg.contexts) < 1:
+            raise OilbirdError(f"--contexts must be lengths of at least 1 (got {','.join(map(str, cfg.contexts))})")
+        return tuple(cfg.contexts)
+    if cfg.bench is not None:
+        from data.store import store_dir
+
+        path = store_dir(cfg.out, cfg.bench, slug)
+        if not (path / "meta.json").exists():
+            raise OilbirdError(f"no trace store at {path} to take context lengths from: capture one with "
+                               f"`python -m data capture --bench {cfg.bench} --model {cfg.model}`")
+        return tuple(contexts_from_store(path))
+    return DEFAULT_CONTEXTS
+
+
+def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
+    """Check the config, load the model, measure, write the JSON; (profile, path)."""
+    from data.models import load_model, model_slug
+    from data.store import atomic_write_json
+    from decoder.engine import check_supported
+
+    bad = [n for n in cfg.nodes if not 0 <= n <= MAX_NODES]
+    if bad:
+        raise OilbirdError(f"--nodes must be counts in 0..{MAX_NODES} (got {bad[0]})")
+    if cfg.reps < 1:
+        raise OilbirdError(f"--reps must be at least 1 (got {cfg.reps})")
+    contexts = resolve_contexts(cfg, model_slug(cfg.model))  # before loading: bad input fails fast
+    lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
+    check_supported(lm.model)
+    clipped = clip_contexts(lm.model, contexts, cfg.nodes)
+    if clipped != sorted(set(contexts)):
+        print(f"note: context lengths clipped to the model's {max_positions(lm.model)} positions: "
+              f"{','.join(map(str, clipped))}", file=sys.stderr)
+    d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
+    path = Path(cfg.file) if cfg.file else default_profile_path(cfg.out, lm.slug, lm.device.type)
+    atomic_write_json(path, d)
+    return d, path
+
+
+@cli_entry
+def profile_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(
+        prog="python -m decoder profile",
+        description="Measure one verification forward against draft nodes and context length, and prefill "
+                    "against prompt length, on this device: the cost model replay turns passes into time with. "
+                    "Writes runs/profiles/<model>-<device>.json.")
+    p.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
+    p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
+    p.add_argument("--bench", default=None, metavar="B",
+                   help="take the context lengths (10/50/90/100%% quantiles) from runs/<B>/<model>/traces")
+    p.add_argument("--contexts", default=None, metavar="L,L",
+                   help=f"explicit context lengths (default: from --bench, else {','.join(map(str, DEFAULT_CONTEXTS))})")
+    p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), metavar="N,N",
+                   help=f"draft node counts, each 0..{MAX_NODES} (default {','.join(map(str, DEFAULT_NODES))})")
+    p.add_argument("--reps", type=int, default=3, help="timed runs per point, median kept (default 3)")
+    p.add_argument("--out", default="runs", help="runs root (default runs/)")
+    p.add_argument("--file", default=None, help="output path (default <out>/profiles/<model>-<device>.json)")
+    p.add_argument("--if-missing", action="store_true",
+                   help="do nothing when the output file already exists (what `make census` uses)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    args = p.parse_args(argv)
+    if args.if_missing:
+        from data.models import model_slug, pick_device
+
+        target = Path(args.file) if args.file else default_profile_path(
+            args.out, model_slug(args.model), pick_device(args.device).type)
+        if target.exists():
+            print(f"profile {target} exists; kept (delete it to measure again)", file=sys.stderr)
+            return 0
+    cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
+                        contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
+                        nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
+                        progress=not args.quiet)
+    d, path = run_profile(cfg)
+    print(format_profile(d))
+    print(f"written: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(profile_main())

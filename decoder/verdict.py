@@ -1,0 +1,135 @@
+"""Should the semantic draft source be enabled on this traffic? One rule, written once.
+
+The reports (reports/render.py) and the replay command read it from here; it imports nothing but the
+standard library, so any page or command can use it without loading a model.
+
+The rule (the paper's lines, section "Generality": above about 9% sole-source share the semantic
+source pays for itself, below about 3% it does not):
+
+  share  = sole-source share of `oilbird`: accepted tokens that only the semantic source proposed,
+           over all committed tokens (bonus tokens included; the paper's definition)
+  gain   = the paired tau gain of `oilbird` over `oilbird-no-semantic` (requests resampled jointly),
+           given as its 95% interval [lo, hi]
+  speedups (optional) = the estimated (or measured) speedups over plain greedy of the two arms
+
+  enable     share >= ENABLE_SHARE (9%), and gain lo > 1, and, when both speedups are given,
+             speedup_on > speedup_off
+  leave off  share < OFF_SHARE (3%), or gain hi < 1, or, when both speedups are given,
+             speedup_on < speedup_off / SPEED_MARGIN (1.02): the key costs more time than it saves
+  neutral    otherwise; the reasons say which condition kept it from "enable"
+
+The two outcomes exclude each other (a valid interval has lo <= hi), so the order of the checks
+does not matter. A missing input (None, NaN, an interval that is not two finite numbers with
+lo <= hi) never raises: without a share or without a gain interval the verdict cannot be "enable"
+and the reasons say so; without both speedups the speed conditions are skipped (and said so).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+ENABLE_SHARE = 0.09  # sole-source share at or above which the semantic source pays (paper, "Generality")
+OFF_SHARE = 0.03  # ... below which it does not
+SPEED_MARGIN = 1.02  # oilbird slower than oilbird-no-semantic by more than 2%: the key costs more than it saves
+
+DECISIONS = ("enable", "neutral", "leave off")
+
+RULE = (f"Enable the semantic source when the sole-source share of oilbird (accepted tokens only the semantic "
+        f"source proposed, over all committed tokens) is at least {100 * ENABLE_SHARE:g}%, the paired tau gain of "
+        f"oilbird over oilbird-no-semantic has its 95% interval entirely above 1 and, when both estimated speedups "
+        f"are known, oilbird's is the higher; leave it off when the share is below {100 * OFF_SHARE:g}%, or the "
+        f"gain's interval lies entirely below 1, or oilbird's estimated speedup is below oilbird-no-semantic's "
+        f"divided by {SPEED_MARGIN:g}; otherwise neutral.")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    decision: str  # one of DECISIONS
+    rule: str  # the rule in one sentence, with its thresholds (RULE)
+    reasons: list[str] = field(default_factory=list)  # the numbers that decided it, formatted
+
+
+def _num(v) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        return None
+    return float(v)
+
+
+def _interval(iv) -> tuple[float, float] | None:
+    if not isinstance(iv, (list, tuple)) or len(iv) != 2:
+        return None
+    lo, hi = _num(iv[0]), _num(iv[1])
+    if lo is None or hi is None or lo > hi:
+        return None
+    return lo, hi
+
+
+def _pct(v: float) -> str:
+    x = 100 * v
+    return f"{x:.2f}%" if abs(x) < 10 else f"{x:.1f}%"
+
+
+def _line(v: float) -> str:
+    return f"{100 * v:g}%"
+
+
+def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=None) -> Verdict:
+    """The decision for the semantic source (see the module docstring for the rule, stated exactly).
+
+    share: sole-source share of oilbird (a fraction, over all committed tokens); share_interval: its
+    95% interval (reported, not used by the rule); gain_interval: the 95% interval of the paired tau
+    ratio oilbird / oilbird-no-semantic; speedup_on / speedup_off: the speedups over plain greedy of
+    oilbird and oilbird-no-semantic (both, or the speed conditions are skipped).
+    """
+    share, siv, giv = _num(share), _interval(share_interval), _interval(gain_interval)
+    on, off = _num(speedup_on), _num(speedup_off)
+    off_why: list[str] = []  # conditions for "leave off" that hold
+    not_enable: list[str] = []  # conditions for "enable" that fail (without making it "leave off")
+    enable_why: list[str] = []  # conditions for "enable" that hold
+
+    if share is None:
+        not_enable.append("no sole-source share for oilbird: cannot enable")
+    else:
+        txt = f"sole-source share {_pct(share)}" + (f" (95% interval {_pct(siv[0]).rstrip('%')}–{_pct(siv[1])})"
+                                                    if siv else "")
+        if share < OFF_SHARE:
+            off_why.append(f"{txt} is below the {_line(OFF_SHARE)} line")
+        elif share < ENABLE_SHARE:
+            not_enable.append(f"{txt} is below the {_line(ENABLE_SHARE)} enable line "
+                              f"(at or above the {_line(OFF_SHARE)} off line)")
+        else:
+            enable_why.append(f"{txt} is at or above the {_line(ENABLE_SHARE)} line")
+
+    if giv is None:
+        what = "no paired tau gain interval" if gain_interval is None else "the paired tau gain interval is not valid"
+        not_enable.append(f"{what} (oilbird / oilbird-no-semantic): cannot enable")
+    else:
+        txt = f"paired tau gain over oilbird-no-semantic, 95% interval {giv[0]:.3f}–{giv[1]:.3f}"
+        if giv[1] < 1:
+            off_why.append(f"{txt}, entirely below 1")
+        elif giv[0] <= 1:
+            not_enable.append(f"{txt}, includes 1 (not a clear gain)")
+        else:
+            enable_why.append(f"{txt}, entirely above 1")
+
+    notes: list[str] = []  # inputs that were not given
+    if on is not None and off is not None:
+        txt = f"speedup {on:.2f}× with the semantic source against {off:.2f}× without"
+        if on < off / SPEED_MARGIN:
+            off_why.append(f"{txt}: more than {100 * (SPEED_MARGIN - 1):g}% slower, the key costs more time "
+                           "than it saves")
+        elif on <= off:
+            not_enable.append(f"{txt}: not faster")
+        else:
+            enable_why.append(f"{txt}: faster")
+    else:
+        missing = "neither speedup" if on is None and off is None else (
+            "no speedup for oilbird" if on is None else "no speedup for oilbird-no-semantic")
+        notes.append(f"speed condition skipped ({missing} given)")
+
+    if off_why:  # the decisive numbers first, then the rest for context
+        return Verdict("leave off", RULE, off_why + not_enable + enable_why + notes)
+    if not_enable:
+        return Verdict("neutral", RULE, [f"kept from enable: {r}" for r in not_enable] + enable_why + notes)
+    return Verdict("enable", RULE, enable_why + notes)
