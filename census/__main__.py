@@ -67,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
 def _grid(args) -> int:
     from census.grid import format_grid, grid_table
     from data.models import model_slug
-    from data.store import atomic_write_bytes, atomic_write_json
+    from data.store import atomic_write_bytes, atomic_write_json, clean_leftovers
     from pathlib import Path
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]
@@ -75,6 +75,7 @@ def _grid(args) -> int:
     text = format_grid(grid)
     target = Path(args.out) / "grid" / model_slug(args.model)
     name = "census_grid" if args.pool == "past" else f"census_grid_{args.pool}"
+    clean_leftovers(target)  # temporary files of a killed earlier run
     atomic_write_json(target / f"{name}.json", grid)
     atomic_write_bytes(target / f"{name}.txt", (text + "\n").encode())
     print(text)

@@ -119,6 +119,10 @@ class CensusConfig:
             raise OilbirdError(f"--payload-cap must be >= 1 (got {self.payload_cap})")
         if self.bootstrap < 0:
             raise OilbirdError(f"--bootstrap must be >= 0 (got {self.bootstrap})")
+        if self.device:  # an unknown device, or cuda on a CPU build, is one line here, not a torch traceback
+            from data.models import pick_device
+
+            pick_device(self.device)
         return self
 
     @property

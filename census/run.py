@@ -11,6 +11,8 @@ an excluded trace a masked range).
 from __future__ import annotations
 
 import bisect
+import os
+import shutil
 import time
 from pathlib import Path
 
@@ -24,8 +26,9 @@ from census.index import PoolView, SuffixAutomaton
 from census.knn import exact_cosines, float32_margin, pick_device, set_exact_matmul, topk_exact, unit_rows
 from census.summary import summarize
 from data.errors import OilbirdError
-from data.models import model_slug
-from data.store import atomic_write_json, atomic_write_table, open_store, store_dir
+from data.models import model_slug, same_model
+from data.store import (atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir,
+                        open_store, store_dir)
 
 
 # ---------------------------------------------------------------- pool bookkeeping
@@ -370,31 +373,83 @@ def census_dir(out: str | Path, bench: str, slug: str, pool: str = "past") -> Pa
 
 
 def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
-    """The model's input embedding matrix, or (None, why not). Loads the model once, weights only."""
+    """The model's input embedding matrix, or (None, why not) when the model cannot be loaded here.
+    A model that loads but is not the one the store was captured with is refused (one line)."""
     try:
         from data.models import load_model
 
         lm = load_model(meta["model"], dtype="float32", device="cpu")
-    except Exception as e:  # any failure only costs the static-embedding key
+    except Exception as e:  # any failure to load only costs the static-embedding key
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         return None, f"static-embedding key not computed: cannot load model '{meta.get('model')}' ({first})"
     if meta.get("model_fingerprint") and lm.fingerprint != meta["model_fingerprint"]:
-        return None, (f"static-embedding key not computed: model '{meta['model']}' loads with fingerprint "
-                      f"{lm.fingerprint}, the store was captured with {meta['model_fingerprint']}")
+        raise OilbirdError(f"model '{meta['model']}' loads with fingerprint {lm.fingerprint}, but the trace store was "
+                           f"captured with {meta['model_fingerprint']}: the store's meta.json names the wrong model, "
+                           "or the model changed since the capture; recapture with --force")
+    if int(meta.get("d_model") or lm.d_model) != lm.d_model:
+        raise OilbirdError(f"model '{meta['model']}' has d_model {lm.d_model}, the trace store {meta['d_model']}: "
+                           "wrong model for this store")
     return lm.model.get_input_embeddings().weight.detach().float().cpu().numpy(), None
+
+
+def check_store_model(meta: dict, model: str, path: Path) -> None:
+    """--model must name the model the store was captured with (alias, directory or hub id)."""
+    captured = [meta.get("model"), meta.get("model_path")]
+    if not any(c and same_model(str(c), model) for c in captured):
+        raise OilbirdError(f"trace store {path} was captured with model '{meta.get('model')}', not '{model}': "
+                           "it sits in another model's folder, or its meta.json was edited; recapture with "
+                           f"--model {model}")
+
+
+def write_census(target: Path, df: pl.DataFrame, summary: dict) -> None:
+    """positions.parquet and summary.json as one unit: both are written into a fresh folder beside
+    `target`, which then replaces it, so census/ holds the old pair or the new pair, never one of
+    each. A kill leaves at most a dot-named leftover, removed by the next census."""
+    _restore_or_clean(target)
+    tmp = make_tmp_dir(target)
+    old = None
+    try:
+        atomic_write_table(tmp / "positions.parquet", df.to_arrow())
+        fault_point("census_after_positions")
+        atomic_write_json(tmp / "summary.json", summary)
+        if target.exists():
+            old = target.with_name(f".{target.name}.{os.getpid()}.x.old")
+            target.rename(old)
+        fault_point("census_mid_swap")
+        tmp.rename(target)
+    except BaseException:
+        if old is not None and not target.exists():
+            old.rename(target)  # put the previous census back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore_or_clean(target: Path) -> None:
+    """Leftovers of a census killed while writing: a temporary folder (dropped), and the previous
+    census moved aside for the swap (put back when nothing replaced it, else dropped)."""
+    for aside in sorted(target.parent.glob(f".{target.name}.*.old")):
+        if not target.exists() and aside.is_dir() and is_stale(aside):
+            aside.rename(target)
+    clean_leftovers(target.parent, f".{target.name}.*.tmp")
+    clean_leftovers(target.parent, f".{target.name}.*.old")
 
 
 def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "runs", *,
                embeddings: np.ndarray | None | str = "load", progress: bool = True) -> tuple[Path, dict]:
-    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json atomically."""
+    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json as one unit."""
     cfg.validate()
     slug = model_slug(model)
     path = store_dir(out, bench, slug)
     if not (path / "meta.json").exists():
         raise OilbirdError(f"no trace store for {bench} / {slug} at {path}: run `python -m data capture "
                            f"--bench {bench} --model {model} --out {out}` first (or `make census BENCH={bench}`)")
+    target = census_dir(out, bench, slug, cfg.pool)
+    _restore_or_clean(target)  # leftovers of a census killed while writing
     t0 = time.perf_counter()
     store = open_store(path)
+    check_store_model(store.meta, model, path)
     data = CensusInput.from_store(store).check()
     t_read = time.perf_counter() - t0
     notes = []
@@ -406,15 +461,14 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     parts: dict[str, float] = {}
     df = census_positions(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
     t_census = time.perf_counter() - t1
-    summary = summarize(df, cfg, meta=store.meta, notes=notes, emb_available=embeddings is not None)
+    meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
+    summary = summarize(df, cfg, meta=meta, notes=notes, emb_available=embeddings is not None)
     summary["store"] = str(path)
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),
                          "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
                          "parts_s": {k: round(v, 3) for k, v in parts.items()},
                          "device": str(pick_device(cfg.device))}
-    target = census_dir(out, bench, slug, cfg.pool)
-    atomic_write_table(target / "positions.parquet", df.to_arrow())
-    atomic_write_json(target / "summary.json", summary)
+    write_census(target, df, summary)
     return target, summary
 
 

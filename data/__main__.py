@@ -1,4 +1,5 @@
-"""`python -m data list | capture | show`: benchmarks, trace capture, and a store's summary."""
+"""`python -m data list | capture | show | verify`: benchmarks, trace capture, a store's summary
+and its full integrity check."""
 
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ def _cmd_capture(args) -> int:
 
     cfg = CaptureConfig(bench=args.bench, model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, mode=args.mode, out=args.out, force=args.force,
-                        dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet)
+                        dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet,
+                        truncate=args.truncate, flush_every=args.flush_every,
+                        prefix_cache=args.prefix_cache, prefix_cache_mb=args.prefix_cache_mb,
+                        prefix_reuse=args.prefix_cache > 0)
     path = capture(cfg)
     print(path)
     return 0
@@ -43,6 +47,39 @@ def _cmd_show(args) -> int:
           f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
     print(f"requests {st.n_requests}, generated tokens {int(lens.sum())}, mean {lens.mean():.1f}, "
           f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
+    if st.verified:
+        print(f"checksums: verified ({len(st.meta['checksums'])} files); `python -m data verify` checks the values too")
+    else:
+        print("checksums: none recorded (a store written before checksums): unverified")
+    runs = st.meta.get("runs") or []
+    if len(runs) > 1 or st.meta.get("truncated"):
+        widths = sorted({str(r.get("batch_size")) for r in runs})
+        print(f"captured in {len(runs)} run(s), batch sizes {', '.join(widths)}; "
+              f"{len(st.meta.get('truncated') or {})} prompt(s) truncated from the left")
+    print(reuse_line(st.meta, st.requests["prompt_tokens"].list.len().to_list()))
+    return 0
+
+
+def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:
+    """The share of prompt tokens whose KV came from an earlier request (meta.json prompt_tokens_reused)."""
+    reused = meta.get("prompt_tokens_reused")
+    if not isinstance(reused, list) or not reused:
+        return "prompt tokens reused: not recorded (a store captured before the per-request record)"
+    known = [(int(r), int(n)) for r, n in zip(reused, prompt_lengths) if r is not None]
+    if not known:
+        return "prompt tokens reused: not recorded for any request"
+    got, total = sum(r for r, _ in known), sum(n for _, n in known)
+    line = (f"prompt tokens reused: {got} of {total} ({100.0 * got / max(1, total):.1f}%; computed "
+            f"{total - got}), {sum(r > 0 for r, _ in known)} of {len(known)} requests reused an earlier prefix")
+    if len(known) < len(prompt_lengths):
+        line += f"; {len(prompt_lengths) - len(known)} request(s) captured before the record"
+    return line
+
+
+def _cmd_verify(args) -> int:
+    from data.store import verify_store
+
+    print(verify_store(args.path))
     return 0
 
 
@@ -63,11 +100,26 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     c.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     c.add_argument("--layer", type=int, default=None, help="capture layer, 1-based (default round(0.85 L))")
+    c.add_argument("--truncate", choices=["left"], default=None,
+                   help="left: a prompt that does not fit the model's context with --max-new-tokens keeps its most "
+                        "recent tokens (recorded in meta.json); default: refuse a prompt longer than the context")
+    c.add_argument("--flush-every", type=int, default=8,
+                   help="requests per positions part, the resume granularity (default 8)")
+    c.add_argument("--prefix-cache", type=int, default=4,
+                   help="reference mode: KV entries of earlier requests kept for prefix reuse (LRU, default 4); "
+                        "0 = off: one full forward per request, as before (in generate mode 0 turns off the "
+                        "previous prompt's reuse)")
+    c.add_argument("--prefix-cache-mb", type=float, default=1024.0,
+                   help="reference mode: bound on the prefix cache's KV memory in MB (default 1024)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)
     s = sub.add_parser("show", help="summarise a trace store")
     s.add_argument("path")
     s.set_defaults(fn=_cmd_show)
+    v = sub.add_parser("verify", help="full integrity check of a trace store: checksums, schema, prompt hashes, "
+                                      "row counts, values; prints OK or the first problem")
+    v.add_argument("path")
+    v.set_defaults(fn=_cmd_verify)
     args = p.parse_args(argv)
     return args.fn(args)
 

@@ -77,6 +77,7 @@ import hashlib
 import json
 import os
 import re
+import sys
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -196,10 +197,25 @@ def resolve(f: DataFile) -> Path:
             f"{f.repo}@{f.short_commit} failed ({_one_line(e)}); set OILBIRD_DATA to a folder holding a copy "
             f"(layout {f.rel})") from None
     cached.parent.mkdir(parents=True, exist_ok=True)
+    _clean_partial_downloads(cached)
     tmp = cached.with_name(f"{cached.name}.{os.getpid()}.part")
     tmp.write_bytes(payload)
     os.replace(tmp, cached)  # atomic: a killed download never leaves a truncated file behind
     return cached
+
+
+def _clean_partial_downloads(cached: Path) -> None:
+    """Remove `<name>.<pid>.part` files of downloads killed midway (their pid no longer runs)."""
+    for part in cached.parent.glob(f"{cached.name}.*.part"):
+        pid = part.name[len(cached.name) + 1:-len(".part")]
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            part.unlink(missing_ok=True)
+        except OSError:
+            pass  # alive, someone else's
 
 
 def _read_json(f: DataFile):
@@ -711,8 +727,21 @@ def render_plain(messages) -> str:
 ROLES = ("system", "user", "assistant")
 
 
+def _text(value: str, where: str, field: str) -> str:
+    """JSON lets a line carry a lone surrogate ("\\ud800"), which no tokenizer can encode."""
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise OilbirdError(f"{where}: {field} is not valid Unicode text (lone surrogate "
+                           f"{value[e.start:e.end]!a} at character {e.start})") from None
+    return value
+
+
 def _jsonl_request(row, where: str, lineno: int) -> Request:
-    """One line: {"id", "messages": [...]} or {"id", "prompt"}, optional "reference" and "group"."""
+    """One line: {"id", "messages": [...]} or {"id", "prompt"}, optional "reference" and "group".
+
+    A line without "id" takes its line number (1-based, blank lines counted) as its id; the loader
+    prints one note per file saying how many lines did."""
     if not isinstance(row, dict):
         raise OilbirdError(f"{where}: expected a JSON object with \"messages\" or \"prompt\"")
     rid = row.get("id", str(lineno))  # no id: the line number
@@ -724,7 +753,7 @@ def _jsonl_request(row, where: str, lineno: int) -> Request:
     if has_prompt:
         if not isinstance(row["prompt"], str):
             raise OilbirdError(f"{where}: \"prompt\" must be a string")
-        messages = ({"role": "user", "content": row["prompt"]},)
+        messages = ({"role": "user", "content": _text(row["prompt"], where, '"prompt"')},)
     else:
         raw = row["messages"]
         if not isinstance(raw, list) or not raw:
@@ -733,15 +762,18 @@ def _jsonl_request(row, where: str, lineno: int) -> Request:
         for k, m in enumerate(raw):
             if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
                 raise OilbirdError(f"{where}: message {k} must be {{\"role\": system|user|assistant, \"content\": string}}")
-            msgs.append({"role": m["role"], "content": m["content"]})
+            msgs.append({"role": m["role"], "content": _text(m["content"], where, f"message {k}'s content")})
         messages = tuple(msgs)
     reference = row.get("reference")
     if reference is not None and not isinstance(reference, str):
         raise OilbirdError(f"{where}: \"reference\" must be a string or null")
+    if reference is not None:
+        _text(reference, where, '"reference"')
     group = row.get("group", rid)
     if isinstance(group, bool) or not isinstance(group, (str, int)):
         raise OilbirdError(f"{where}: \"group\" must be a string or an integer")
-    return Request(id=str(rid), group=str(group), messages=messages, reference=reference)
+    return Request(id=_text(str(rid), where, '"id"'), group=_text(str(group), where, '"group"'),
+                   messages=messages, reference=reference)
 
 
 def _load_jsonl(path_text: str) -> list[Request]:
@@ -750,6 +782,7 @@ def _load_jsonl(path_text: str) -> list[Request]:
         raise OilbirdError(f"jsonl file {path} not found")
     requests: list[Request] = []
     seen: dict[str, int] = {}
+    without_id = 0
     try:
         with open(path, encoding="utf-8") as fh:
             for lineno, line in enumerate(fh, 1):
@@ -761,6 +794,7 @@ def _load_jsonl(path_text: str) -> list[Request]:
                 except ValueError as e:
                     raise OilbirdError(f"{where}: not valid JSON ({_one_line(getattr(e, 'msg', e))})") from None
                 req = _jsonl_request(row, where, lineno)
+                without_id += isinstance(row, dict) and "id" not in row
                 if req.id in seen:
                     raise OilbirdError(f"{where}: id '{req.id}' already used on line {seen[req.id]}")
                 seen[req.id] = lineno
@@ -769,4 +803,10 @@ def _load_jsonl(path_text: str) -> list[Request]:
         raise OilbirdError(f"{path} is not UTF-8 text") from None
     if not requests:
         raise OilbirdError(f"{path} has no requests")
+    if without_id and str(path) not in _NOTED_WITHOUT_ID:  # once per file and process
+        _NOTED_WITHOUT_ID.add(str(path))
+        print(f"note: {path}: {without_id} line(s) without \"id\" take their line number as id", file=sys.stderr)
     return requests
+
+
+_NOTED_WITHOUT_ID: set[str] = set()

@@ -15,7 +15,9 @@ import importlib.util
 import json
 import os
 import re
+import socket
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -64,6 +66,7 @@ class LoadedModel:
     tokenizer_hash: str = ""
     chat_template_hash: str = ""
     extra: dict = field(default_factory=dict)
+    context: int | None = None  # positions the model was built for (max_position_embeddings), if it says
 
     @property
     def slug(self) -> str:
@@ -119,6 +122,54 @@ def resolve_model(name: str) -> str:
     return name
 
 
+def model_identity(name: str) -> str:
+    """What a --model value names, for comparing two of them: an alias's or a local directory's
+    real path, a hub id as written. Resolves nothing that would download or dequantize."""
+    name = str(name).rstrip("/") or str(name)
+    if name == "smollm2-135m":
+        return str((cache_dir() / "models" / "smollm2-135m").resolve())
+    if name == "stories260k":
+        return str((SHARED / "models" / "stories260k").resolve())
+    if os.path.isdir(name):
+        return str(Path(name).resolve())
+    return name
+
+
+def same_model(a: str, b: str) -> bool:
+    return a == b or model_identity(a) == model_identity(b)
+
+
+HUB_PROBE_TIMEOUT_S = 2.0
+
+
+def _env_true(name: str) -> bool:
+    return os.environ.get(name, "").strip().lower() in ("1", "true", "yes", "on")
+
+
+def hub_reachable(timeout: float = HUB_PROBE_TIMEOUT_S) -> tuple[bool, str]:
+    """(whether a TCP connection to the hub, or the HTTPS proxy, opens within `timeout`, its host).
+    Run in a thread so a hanging DNS lookup is bounded too."""
+    from urllib.parse import urlsplit
+
+    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
+    url = urlsplit(proxy if proxy else (os.environ.get("HF_ENDPOINT") or "https://huggingface.co"))
+    host = url.hostname or "huggingface.co"
+    port = url.port or (80 if url.scheme == "http" else 443)
+    ok: list[bool] = []
+
+    def probe():
+        try:
+            socket.create_connection((host, port), timeout=timeout).close()
+            ok.append(True)
+        except OSError:
+            pass
+
+    t = threading.Thread(target=probe, daemon=True)
+    t.start()
+    t.join(timeout)
+    return bool(ok), host
+
+
 def _hub_offline_guard(path: str) -> None:
     """A hub id on a machine without network must fail fast with a clear message, never hang."""
     if os.path.isdir(path):
@@ -132,9 +183,28 @@ def _hub_offline_guard(path: str) -> None:
 
 
 def pick_device(device: str | None) -> torch.device:
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    """The torch device for --device (default: cuda when available); one-line errors for a device
+    this torch build or machine cannot use. Capture, census and decoder all go through here."""
+    if not device:
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError, TypeError):
+        raise OilbirdError(f"unknown device '{device}'; use cpu or cuda (cuda:N for one GPU)") from None
+    if dev.type == "cuda":
+        if torch.version.cuda is None and not torch.cuda.is_available():
+            raise OilbirdError(f"--device {device}: this torch build ({torch.__version__}) has no CUDA support; "
+                               "use --device cpu or install a CUDA build (make install TORCH_SPEC=...)")
+        if not torch.cuda.is_available():
+            raise OilbirdError(f"--device {device}: no CUDA GPU is visible; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise OilbirdError(f"--device {device}: only {torch.cuda.device_count()} CUDA device(s) visible")
+    elif dev.type == "mps":
+        if not (getattr(torch.backends, "mps", None) and torch.backends.mps.is_available()):
+            raise OilbirdError(f"--device {device}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise OilbirdError(f"unsupported device '{device}'; use cpu or cuda")
+    return dev
 
 
 def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
@@ -234,12 +304,21 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
     dt = pick_dtype(dtype, dev)
     hf_logging.set_verbosity_error()
     hf_logging.disable_progress_bar()
+    # A hub id without network would retry for about a minute: probe once, then use the local cache only.
+    local_only = _env_true("HF_HUB_OFFLINE") or _env_true("TRANSFORMERS_OFFLINE")
+    if not os.path.isdir(path) and not local_only:
+        reachable, host = hub_reachable()
+        if not reachable:
+            print(f"note: {host} is unreachable; loading '{path}' from the local Hugging Face cache only",
+                  file=sys.stderr)
+            local_only = True
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path)
-        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt)
-    except OSError as e:
+        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=local_only)
+    except (OSError, ValueError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OilbirdError(f"cannot load model '{name}' ({path}): {first}") from None
+        where = " (offline: not in the local cache)" if local_only and not os.path.isdir(path) else ""
+        raise OilbirdError(f"cannot load model '{name}' ({path}){where}: {first}") from None
     model.to(dev).eval()
     cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
     n_layers = len(decoder_layers(model))
@@ -253,6 +332,7 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
             eos.add(src)
         elif isinstance(src, (list, tuple)):
             eos.update(int(x) for x in src)
+    context = getattr(cfg, "max_position_embeddings", None) or getattr(cfg, "n_positions", None)
     template = getattr(tokenizer, "chat_template", None) or ""
     vocab_json = json.dumps(sorted(tokenizer.get_vocab().items()), ensure_ascii=False).encode()
     return LoadedModel(
@@ -260,6 +340,7 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
         n_layers=n_layers, d_model=d_model, vocab_size=int(model.get_output_embeddings().weight.shape[0]),
         layer=cap, eos_ids=frozenset(eos), fingerprint=weights_fingerprint(model),
         tokenizer_hash=_sha(vocab_json), chat_template_hash=_sha(template.encode()),
+        context=int(context) if isinstance(context, int) and context > 0 else None,
     )
 
 

@@ -132,6 +132,22 @@ def test_prefix_reuse_equals_fresh_prefill(stories, tmp_path):
                                reused.prompt_last_hidden.astype(np.float32), atol=2e-3)
 
 
+def test_generate_records_prompt_tokens_reused(stories, tmp_path, capsys):
+    prompts = [STORY_PROMPTS[0], STORY_PROMPTS[0] + " She had a cat named Tom and a big brown dog.", STORY_PROMPTS[1]]
+    bench = write_jsonl(tmp_path / "b.jsonl", prompts)
+    st = open_store(capture(_cfg(bench, tmp_path / "a", flush_every=1), lm=stories))
+    reused = st.meta["prompt_tokens_reused"]
+    assert len(reused) == 3 and reused[0] == 0 and reused[2] == 0
+    assert 16 <= reused[1] < len(st.prompt(1))
+    assert st.prompt(1)[:reused[1]] == st.prompt(0)[:reused[1]]
+    off = open_store(capture(_cfg(bench, tmp_path / "b", prefix_cache=0), lm=stories))
+    assert off.meta["prompt_tokens_reused"] == [0, 0, 0]
+    assert off.positions.equals(st.positions)
+    capsys.readouterr()
+    assert data_main(["show", str(st.path)]) == 0
+    assert f"prompt tokens reused: {reused[1]} of {sum(len(st.prompt(r)) for r in range(3))}" in capsys.readouterr().out
+
+
 def test_stop_string_cuts_generation(stories, tmp_path):
     with LayerTap(stories.model, stories.layer) as tap:
         prompt = stories.tokenizer(STORY_PROMPTS[0])["input_ids"]
