@@ -6,12 +6,13 @@ batching at --batch-size (with prefix reuse); checks the tokens are equal to bat
 extrapolates the full-benchmark capture time from the measured rates.
 
 Reference mode (`--mode reference`, teacher-forced over the benchmark's references; default
-benchmark taubench-retail): the same first N requests three ways, in this order: `cached` (the
-prefix cache of --prefix-cache entries / --prefix-cache-mb, and logits only where the store needs
-them), `keep-logits` (no reuse, logits only where needed) and `old` (today's plain path, as
-`--prefix-cache 0`: one full forward per request, logits at every position); the states and top-8
-of each against `old`; peak RSS (ru_maxrss) after each arm (monotonic: the arms run lightest
-first); and a batching probe: the forward of one request's new tokens at batch 1 against the same
+benchmark taubench-retail): the same first N requests three ways: `cached` (the prefix cache of
+--prefix-cache entries / --prefix-cache-mb, and logits only where the store needs them),
+`keep-logits` (no reuse, logits only where needed) and `old` (the plain path, as `--prefix-cache 0`:
+one full forward per request, logits at every position). The cached arm first runs alone, for its
+peak RSS (ru_maxrss, which only grows); then the arms are timed interleaved request by request (the
+arm order rotating), so a slow spell of a shared machine lands on all of them alike; the states and
+top-8 of each are compared with `old`'s; last, a batching probe: the forward of one request's new tokens at batch 1 against the same
 forward repeated over B rows (equal lengths, so no padding: batching's best case).
 
 Usage: python benchmarks/bench_capture.py [--mode generate|reference] [--bench B] [--model smollm2-135m]
@@ -52,14 +53,23 @@ def peak_rss_mb() -> float:
 REFERENCE_ARMS = ("cached", "keep-logits", "old")
 
 
-def run_reference_arm(arm, lm, tap, prompts, refs, cache_entries, cache_mb):
-    cache = ReferencePrefixCache(cache_entries, cache_mb) if arm == "cached" else None
-    t0 = time.perf_counter()
+def one_request(arm, lm, tap, prompt, ref, cache):
     if arm == "old":
-        results = [teacher_forced(lm, tap, p, o) for p, o in zip(prompts, refs)]
-    else:
-        results = [teacher_forced_cached(lm, tap, p, o, cache) for p, o in zip(prompts, refs)]
-    return results, time.perf_counter() - t0, cache
+        return teacher_forced(lm, tap, prompt, ref)  # today's path: full forward, logits everywhere
+    return teacher_forced_cached(lm, tap, prompt, ref, cache if arm == "cached" else None)
+
+
+def interleaved(arms, lm, tap, prompts, refs, cache):
+    """Every arm over the same requests, request by request (the arm order rotating), so a slow
+    spell of a shared machine lands on every arm alike; returns results and seconds per arm."""
+    results = {a: [] for a in arms}
+    seconds = dict.fromkeys(arms, 0.0)
+    for i, (p, o) in enumerate(zip(prompts, refs)):
+        for arm in arms[i % len(arms):] + arms[:i % len(arms)]:
+            t0 = time.perf_counter()
+            results[arm].append(one_request(arm, lm, tap, p, o, cache))
+            seconds[arm] += time.perf_counter() - t0
+    return results, seconds
 
 
 def compare(a, b) -> dict:
@@ -85,7 +95,7 @@ def compare(a, b) -> dict:
 def batching_probe(lm, tap, prompts, refs, widths=(1, 2, 4), repeats=3) -> dict:
     """The forward of one request's new tokens (after its shared prefix, as the cached arm runs it)
     at batch 1 against the same forward over B identical rows: no padding, batching's best case."""
-    cache = ReferencePrefixCache(1, 1e9)
+    cache = ReferencePrefixCache(4, 1e9)
     probe = None
     for i, (p, o) in enumerate(zip(prompts, refs)):
         if i and cache._entries:
@@ -96,7 +106,7 @@ def batching_probe(lm, tap, prompts, refs, widths=(1, 2, 4), repeats=3) -> dict:
                 break
         teacher_forced_cached(lm, tap, p, o, cache)
     if probe is None:
-        return {"note": "no request reuses a prefix of the one before it; probe skipped"}
+        return {"note": "no request reuses an earlier prefix; probe skipped"}
     p, o = probe
     seq, keep = p + o, len(o) + 1
     out = {"request_new_tokens": None, "widths": {}}
@@ -128,7 +138,7 @@ def reference_main(args) -> int:
     bad = [a for a in arms if a not in REFERENCE_ARMS]
     if bad or "old" not in arms or "cached" not in arms:
         raise OilbirdError(f"--arms: choose from {','.join(REFERENCE_ARMS)}, with cached and old")
-    arms = [a for a in REFERENCE_ARMS if a in arms]  # lightest first, so each peak RSS reading is its own
+    arms = [a for a in REFERENCE_ARMS if a in arms]
     all_requests = load_requests(bench)
     requests = all_requests[:args.limit]
     lm = load_model(args.model)
@@ -144,27 +154,35 @@ def reference_main(args) -> int:
            "reference_tokens": sum(map(len, refs)), "threads": torch.get_num_threads(),
            "prefix_cache_bound": {"entries": args.prefix_cache, "mb": args.prefix_cache_mb},
            "peak_rss_mb": {"after_model_load": round(peak_rss_mb(), 1)}}
-    results, seconds = {}, {}
     with LayerTap(lm.model, lm.layer) as tap:
         with torch.no_grad():  # warm-up, so no arm pays the first forward's one-time costs
             lm.model(input_ids=torch.tensor([prompts[0][:32]], device=lm.device), logits_to_keep=1)
             tap.take()
+        # 1. the cached arm alone first: its own peak memory (ru_maxrss only grows; the old arm's is higher)
+        cache = ReferencePrefixCache(args.prefix_cache, args.prefix_cache_mb)
+        t0 = time.perf_counter()
+        alone = [one_request("cached", lm, tap, p, o, cache) for p, o in zip(prompts, refs)]
+        out["cached_alone_seconds"] = round(time.perf_counter() - t0, 2)
+        out["peak_rss_mb"]["after_cached_alone"] = round(peak_rss_mb(), 1)
+        out["prefix_cache_peak_mb"] = round(cache.peak_bytes / 2**20, 1)
+        reused = sum(g.prompt_tokens_reused for g in alone)
+        out["cached_prompt_tokens_reused"] = f"{reused}/{out['prompt_tokens']}"
+        out["cached_reuse_ratio"] = round(reused / out["prompt_tokens"], 4)
+        out["cached_requests_with_reuse"] = f"{sum(g.prompt_tokens_reused > 0 for g in alone)}/{len(alone)}"
+        print(f"  cached alone: {out['cached_alone_seconds']} s; now every arm, request by request", file=sys.stderr)
+        del alone, cache
+        # 2. the timed comparison, interleaved request by request (a fresh prefix cache)
+        cache = ReferencePrefixCache(args.prefix_cache, args.prefix_cache_mb)
+        results, seconds = interleaved(arms, lm, tap, prompts, refs, cache)
+        out["peak_rss_mb"]["after_all_arms"] = round(peak_rss_mb(), 1)
+        out["prefix_cache_entries_at_end"] = len(cache)
+        del cache
         for arm in arms:
-            res, secs, cache = run_reference_arm(arm, lm, tap, prompts, refs, args.prefix_cache, args.prefix_cache_mb)
-            results[arm], seconds[arm] = res, secs
+            secs = seconds[arm]
             out[f"{arm}_seconds"] = round(secs, 2)
             out[f"{arm}_requests_per_s"] = round(len(requests) / secs, 4)
             out[f"{arm}_tokens_per_s"] = round(total_tokens / secs, 1)
-            out["peak_rss_mb"][f"after_{arm}"] = round(peak_rss_mb(), 1)
             print(f"  {arm}: {secs:.1f} s, {len(requests) / secs:.3f} requests/s", file=sys.stderr)
-            if cache is not None:
-                reused = sum(g.prompt_tokens_reused for g in res)
-                out["cached_prompt_tokens_reused"] = f"{reused}/{out['prompt_tokens']}"
-                out["cached_reuse_ratio"] = round(reused / out["prompt_tokens"], 4)
-                out["cached_requests_with_reuse"] = f"{sum(g.prompt_tokens_reused > 0 for g in res)}/{len(res)}"
-                out["prefix_cache_peak_mb"] = round(cache.peak_bytes / 2**20, 1)
-                out["prefix_cache_entries_at_end"] = len(cache)
-                del cache
         for arm in arms:
             if arm != "old":
                 out[f"{arm}_over_old"] = round(seconds["old"] / seconds[arm], 2)
