@@ -179,8 +179,17 @@ def decode_greedy(lm: LoadedModel, prompt: Sequence[int], stop: StopRule) -> Gen
                       prefill_s=prefill_s, cycles=cycles)
 
 
-def _source_label(sources: set[str]) -> str:
-    return "|".join(sorted(sources))
+def pass_record(draft: Draft, accepted: Sequence[int], kept: int, draft_s: float, verify_s: float,
+                update_s: float) -> Cycle:
+    """One pass as a Cycle (live decoding and replay alike): drafted nodes per source, and the accepted
+    nodes that were committed (a stop can cut the accepted path) with their sources."""
+    node_sources: dict[str, int] = {}
+    for sources in draft.sources:
+        for name in sources:
+            node_sources[name] = node_sources.get(name, 0) + 1
+    kept_nodes = accepted[:kept]
+    return Cycle(len(draft), len(kept_nodes), kept, ["|".join(sorted(draft.sources[i])) for i in kept_nodes],
+                 draft_s, verify_s, update_s, node_sources)
 
 
 @torch.no_grad()
@@ -230,13 +239,7 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
             compact_cache(cache, past_len, rows)
         context.extend(new[:kept])
         t3 = time.perf_counter()
-        node_sources: dict[str, int] = {}
-        for s in draft.sources:
-            for name in s:
-                node_sources[name] = node_sources.get(name, 0) + 1
-        kept_nodes = accepted[:kept]  # a stop can cut the accepted path: only committed nodes count
-        cycles.append(Cycle(len(draft), len(kept_nodes), kept, [_source_label(draft.sources[i]) for i in kept_nodes],
-                            t1 - t0, t2 - t1, t3 - t2, node_sources))
+        cycles.append(pass_record(draft, accepted, kept, t1 - t0, t2 - t1, t3 - t2))
     n = len(output)
     hidden = np.zeros((n, lm.d_model), np.float32)
     topk = np.zeros((n, TOPK), np.int64)

@@ -56,7 +56,7 @@ from data.models import model_slug
 from data.stats import RequestBootstrap
 from data.store import open_store, store_dir
 from decoder.draft import ROOT, VerifyResult
-from decoder.engine import Cycle, check_draft
+from decoder.engine import Cycle, check_draft, pass_record
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.tree import greedy_accept
 
@@ -194,13 +194,7 @@ def replay_request(drafter, trace: Trace, nodes: int, vocab_size: int) -> list[C
         drafter.observe(context, result)
         context.extend(committed)
         t3 = time.perf_counter()
-        node_sources: dict[str, int] = {}
-        for s in draft.sources:
-            for name in s:
-                node_sources[name] = node_sources.get(name, 0) + 1
-        kept_nodes = accepted[:kept]
-        cycles.append(Cycle(len(draft), len(kept_nodes), kept, ["|".join(sorted(draft.sources[i])) for i in kept_nodes],
-                            t1 - t0, 0.0, t3 - t2, node_sources))
+        cycles.append(pass_record(draft, accepted, kept, t1 - t0, 0.0, t3 - t2))  # verify time: from a profile
         m += kept
     return cycles
 
@@ -462,7 +456,6 @@ def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers)
     total = len(jobs) * len(traces)
     bar = tqdm(total=total, unit="req", desc=f"replay {len(jobs)} arm run(s)", disable=not cfg.progress,
                dynamic_ncols=True)
-    limit_cap = cfg.max_new_tokens
     try:
         if n_workers <= 1 or len(jobs) == 1:
             out = {}
@@ -474,7 +467,7 @@ def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers)
         with ctx.Manager() as manager:
             queue = manager.Queue()
             with ctx.Pool(n_workers) as pool:
-                pending = pool.map_async(_worker, [(arm, nodes, str(path), cfg.limit, limit_cap, cfg.pool,
+                pending = pool.map_async(_worker, [(arm, nodes, str(path), cfg.limit, cfg.max_new_tokens, cfg.pool,
                                                     vocab_size, queue) for arm, nodes in jobs], chunksize=1)
                 done = 0
                 while not pending.ready() or done < total:
