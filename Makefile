@@ -21,7 +21,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live clean
+.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget clean
 
 install: $(STAMP)
 
@@ -85,6 +85,19 @@ bench-oilbird: $(STAMP)
 
 bench-replay: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
+bench-scale: $(STAMP)
+	$(PY) benchmarks/bench_scale.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# semantic-key index specs, and pool budgets, against the exact unbounded census (the report draws both)
+INDEXES ?= exact,pq64x4fs,ivf256,pq64x4fs,pq64,pca128,sq8,ivf256,pq64,sq8
+BUDGETS ?= 2k,5k,10k,20k,40k,all
+sweep-index: $(STAMP)
+	$(PY) -m census sweep-index --bench $(BENCH) --model $(MODEL) --out $(OUT) --index '$(INDEXES)' $(ARGS)
+
+sweep-budget: $(STAMP)
+	$(PY) -m census sweep-budget --bench $(BENCH) --model $(MODEL) --out $(OUT) --budgets $(BUDGETS) $(ARGS)
 
 # live decoding of the first 16 requests with every arm against replay of the same (tens of minutes on CPU)
 bench-replay-live: $(STAMP)

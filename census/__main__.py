@@ -1,5 +1,7 @@
 """`python -m census --bench B --model M`: the identifiability-gap census of one trace store;
-`python -m census grid --benches a,b --model M`: the cross-benchmark table."""
+`python -m census grid --benches a,b --model M`: the cross-benchmark table;
+`python -m census sweep-index --bench B --model M --index exact,sq8,pq64`: the semantic key per index;
+`python -m census sweep-budget --bench B --model M --budgets 10k,50k,200k,all`: the census per store budget."""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 import sys
 
 from census.definitions import CensusConfig
-from data.errors import cli_entry
+from data.errors import OilbirdError, cli_entry
 
 DEFAULTS = CensusConfig()
 
@@ -29,8 +31,48 @@ def _census_parser() -> argparse.ArgumentParser:
     p.add_argument("--bootstrap", type=int, default=DEFAULTS.bootstrap, help="request-level bootstrap draws (2000)")
     p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="bootstrap seed (0)")
     p.add_argument("--device", default=None, help="kNN device (default: cuda when available)")
+    _index_args(p)
+    p.add_argument("--store-budget", default=None,
+                   help="bound the past pool: tokens (200k) or megabytes (64MB); default unbounded")
     p.add_argument("--no-embeddings", action="store_true", help="skip the static-embedding key (no model load)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    return p
+
+
+def _index_args(p: argparse.ArgumentParser, index: bool = True) -> None:
+    if index:
+        p.add_argument("--index", default=DEFAULTS.index,
+                       help="semantic key's index: exact (default), flat, sq8, pq64, pca128,sq8, opq64,pq64, "
+                            "ivf1024,pq64, hnsw32 (data/stateindex.py)")
+    p.add_argument("--index-train", type=int, default=None,
+                   help="states an index collects before it trains (default: the spec's own need)")
+    p.add_argument("--recall-sample", type=int, default=DEFAULTS.recall_sample,
+                   help="positions sampled to check an index against exact (1024)")
+
+
+def _sweep_parser(kind: str) -> argparse.ArgumentParser:
+    if kind == "index":
+        p = argparse.ArgumentParser(prog="python -m census sweep-index",
+                                    description="The semantic key under several indexes (lexical part computed once); "
+                                                "writes runs/<bench>/<model>/sweeps/index.json")
+        p.add_argument("--index", action="append", required=True,
+                       help="specs, comma-separated (opq64,pq64 groups into one spec; ';' always separates)")
+        p.add_argument("--store-budget", default=None, help="bound the past pool, in tokens (200k)")
+    else:
+        p = argparse.ArgumentParser(prog="python -m census sweep-budget",
+                                    description="The census under several store budgets; writes "
+                                                "runs/<bench>/<model>/sweeps/budget.json")
+        p.add_argument("--budgets", required=True, help="comma-separated: tokens (10k), megabytes (64MB), all")
+        p.add_argument("--index", default=DEFAULTS.index, help="semantic key's index (default exact)")
+    p.add_argument("--bench", required=True)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--pool", choices=["past", "warm"], default=DEFAULTS.pool)
+    p.add_argument("--candidates", type=int, default=DEFAULTS.candidates)
+    p.add_argument("--seed", type=int, default=DEFAULTS.seed, help="sampling seed (0)")
+    p.add_argument("--device", default=None)
+    _index_args(p, index=False)
+    p.add_argument("--quiet", action="store_true")
     return p
 
 
@@ -49,18 +91,42 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv[:1] == ["grid"]:
         return _grid(_grid_parser().parse_args(argv[1:]))
+    if argv[:1] in (["sweep-index"], ["sweep-budget"]):
+        return _sweep(argv[0][6:], _sweep_parser(argv[0][6:]).parse_args(argv[1:]))
     args = _census_parser().parse_args(argv)
     from census.run import format_summary, run_census
 
     cfg = CensusConfig(pool=args.pool, horizon=args.horizon, min_suffix=args.min_suffix, max_suffix=args.max_suffix,
                        candidates=args.candidates, payload_cap=args.payload_cap, bootstrap=args.bootstrap,
-                       seed=args.seed, device=args.device).validate()
+                       seed=args.seed, device=args.device, index=args.index, index_train=args.index_train,
+                       recall_sample=args.recall_sample, store_budget=args.store_budget).validate()
     target, summary = run_census(args.bench, args.model, cfg, args.out,
                                  embeddings=None if args.no_embeddings else "load", progress=not args.quiet)
     print(format_summary(summary))
     t = summary["timing"]
     print(f"  {summary['positions']} positions in {t['census_s']:.1f} s ({t['positions_per_s']:.0f}/s on {t['device']})")
     print(target)
+    return 0
+
+
+def _sweep(kind: str, args) -> int:
+    from census import sweep
+
+    cfg = CensusConfig(pool=args.pool, candidates=args.candidates, seed=args.seed, device=args.device,
+                       index_train=args.index_train, recall_sample=args.recall_sample, bootstrap=0)
+    if kind == "index":
+        cfg.store_budget = args.store_budget
+        result = sweep.sweep_index(args.bench, args.model, sweep.split_specs(args.index), cfg, args.out,
+                                   progress=not args.quiet)
+        print(sweep.format_index_sweep(result))
+    else:
+        cfg.index = args.index
+        budgets = [b.strip() for b in args.budgets.split(",") if b.strip()]
+        if not budgets:
+            raise OilbirdError("--budgets names no budget; e.g. --budgets 10k,50k,200k,all")
+        result = sweep.sweep_budget(args.bench, args.model, budgets, cfg, args.out, progress=not args.quiet)
+        print(sweep.format_budget_sweep(result))
+    print(sweep.sweeps_dir(args.out, args.bench, args.model) / f"{kind}.json")
     return 0
 
 

@@ -7,7 +7,20 @@ and per request the state and top-8 at the last prompt token (they predict x_0).
 
 Pool. The pool seen by request r is the generated tokens of the requests before it (`past`, the
 default) or of every other request (`warm`), in both cases without the requests whose prompt_hash
-equals r's (an identical prompt replays the same greedy trace). Prompts are never pooled.
+equals r's (an identical prompt replays the same greedy trace) and without the requests of another
+tenant (a tenant never drafts from another tenant's traces). Prompts are never pooled.
+
+Store budget (--store-budget, past only). The past pool is bounded: request r draws from requests
+s(r) .. r-1 only, with s(r) from data/budget.py's window_starts over every request's generated
+length (the single definition the decoder and the replay read too), still without same-prompt and
+other-tenant traces. A budget in MB is turned into tokens at the bytes a pooled token costs: 2 d + 4
+with the exact key (a float16 state and an int32 token), the index's code bytes + 4 with --index.
+Every key reads the same bounded pool.
+
+Index (--index). The semantic key may search a data/stateindex.py index (sq8, pq64, ...) instead of
+the exact cosine: the pool is the same, request r's entries join the index only after r's queries
+(past), and sem_hit / sem_best_cos use the index's own ranking and score. `exact` (the default) is
+the definition below.
 
 Pool entries. Every generated token x_j of a pooled request q is predicted by one entry:
   input  = the token fed at that step (the last prompt token for j = 0, else x_{j-1}),
@@ -105,10 +118,24 @@ class CensusConfig:
     bootstrap: int = 2000  # request-level bootstrap draws (0: no bootstrap intervals)
     seed: int = 0  # bootstrap seed
     device: str | None = None  # kNN device; default cuda when available
+    index: str = "exact"  # semantic key's index: exact (census/knn.py) or a data/stateindex.py spec (sq8, pq64, ...)
+    index_train: int | None = None  # states an index collects before it trains (None: the spec's own need)
+    recall_sample: int = 1024  # positions (and gap positions) sampled to check an index against exact
+    store_budget: str | None = None  # bounded past pool: tokens (200k) or megabytes (64MB); None: unbounded
 
     def validate(self) -> "CensusConfig":
+        from data.budget import parse_budget  # here, not at the top: data.stateindex imports torch
+        from data.stateindex import parse_index_spec
+
         if self.pool not in POOL_MODES:
             raise OilbirdError(f"unknown pool mode '{self.pool}'; use past or warm")
+        parse_index_spec(self.index)  # d is checked again once the store is read
+        if parse_budget(self.store_budget) is not None and self.pool != "past":
+            raise OilbirdError(f"--store-budget bounds the past pool; pool {self.pool} has no serving order to bound")
+        if self.recall_sample < 1:
+            raise OilbirdError(f"--recall-sample must be >= 1 (got {self.recall_sample})")
+        if self.index_train is not None and self.index_train < 1:
+            raise OilbirdError(f"--index-train must be >= 1 (got {self.index_train})")
         if self.horizon < 1:
             raise OilbirdError(f"--horizon must be >= 1 (got {self.horizon})")
         if not 1 <= self.min_suffix <= self.max_suffix:
@@ -148,6 +175,7 @@ class Trace:
     prompt_last_topk: np.ndarray  # [8]
     prompt_hash: str
     hidden_valid: np.ndarray | None = None  # [n] bool; default: every row but the last
+    tenant: str = ""  # requests of different tenants never share a pool
 
 
 @dataclass
@@ -164,6 +192,7 @@ class CensusInput:
     prompt_last_topk: np.ndarray  # [R, K]
     prompt_hash: list[str]
     meta: dict = field(default_factory=dict)
+    tenant: list[str] | None = None  # per request (None: one tenant)
 
     @property
     def n_requests(self) -> int:
@@ -190,7 +219,29 @@ class CensusInput:
                 raise OilbirdError(f"request {r} has an empty prompt; the census needs a last context token")
         if (self.tokens < 0).any() or any((p < 0).any() for p in self.prompts):
             raise OilbirdError("trace set holds negative token ids")
+        if self.tenant is not None and len(self.tenant) != R:
+            raise OilbirdError("trace set is inconsistent: one tenant per request expected")
         return self
+
+    def tenant_groups(self) -> list[np.ndarray]:
+        """Request indices per tenant, in serving order (one group when there is one tenant)."""
+        if self.tenant is None or len(set(self.tenant)) <= 1:
+            return [np.arange(self.n_requests)]
+        names = np.array([str(t) for t in self.tenant], dtype=object)
+        return [np.nonzero(names == t)[0] for t in dict.fromkeys(names.tolist())]
+
+    def subset(self, requests: np.ndarray) -> tuple["CensusInput", np.ndarray]:
+        """The input restricted to some requests (in serving order), and the store row of each of its rows."""
+        rows = np.concatenate([np.arange(self.offsets[q], self.offsets[q + 1]) for q in requests]).astype(np.int64)
+        lens = np.diff(self.offsets)[requests]
+        sub = CensusInput(
+            prompts=[self.prompts[q] for q in requests], tokens=self.tokens[rows],
+            offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), hidden=self.hidden[rows],
+            hidden_valid=self.hidden_valid[rows], topk=self.topk[rows],
+            prompt_last_hidden=self.prompt_last_hidden[requests], prompt_last_topk=self.prompt_last_topk[requests],
+            prompt_hash=[self.prompt_hash[q] for q in requests], meta=self.meta,
+            tenant=None if self.tenant is None else [self.tenant[q] for q in requests])
+        return sub, rows
 
     @classmethod
     def from_traces(cls, traces: list[Trace], meta: dict | None = None) -> "CensusInput":
@@ -222,11 +273,15 @@ class CensusInput:
             prompt_last_topk=np.stack([np.asarray(tr.prompt_last_topk, np.int64) for tr in traces]),
             prompt_hash=[str(tr.prompt_hash) for tr in traces],
             meta=dict(meta or {}),
+            tenant=[str(tr.tenant or "") for tr in traces] if any(tr.tenant for tr in traces) else None,
         )
 
     @classmethod
     def from_store(cls, store) -> "CensusInput":
         """Adapter from data.store.TraceStore (read with load_hidden=True)."""
+        tenant = None
+        if "tenant" in store.requests.columns:  # stores written before the column have one tenant
+            tenant = [str(t or "") for t in store.requests["tenant"].to_list()]
         return cls(
             prompts=[np.asarray(p, np.int64) for p in store.requests["prompt_tokens"].to_list()],
             tokens=store.positions["token"].to_numpy().astype(np.int64),
@@ -238,6 +293,7 @@ class CensusInput:
             prompt_last_topk=store.prompt_last_topk.astype(np.int64),
             prompt_hash=store.requests["prompt_hash"].to_list(),
             meta=dict(store.meta),
+            tenant=tenant,
         )
 
 
@@ -253,13 +309,27 @@ class Entries:
     topk: np.ndarray  # [N, K]
 
 
+def _first_rows(data: CensusInput) -> np.ndarray:
+    lens = np.diff(data.offsets)
+    first = np.zeros(data.n_positions, bool)
+    first[data.offsets[:-1][lens > 0]] = True
+    return first
+
+
+def entry_valid(data: CensusInput) -> np.ndarray:
+    """[N] bool: the entry has a state (build_entries' `valid`, without copying the states)."""
+    N = data.n_positions
+    if not N:
+        return np.zeros(0, bool)
+    prev = np.maximum(np.arange(N) - 1, 0)
+    return np.where(_first_rows(data), True, data.hidden_valid[prev]).astype(bool)
+
+
 def build_entries(data: CensusInput) -> Entries:
     N, R = data.n_positions, data.n_requests
     lens = np.diff(data.offsets)
     request = np.repeat(np.arange(R), lens)
-    first = np.zeros(N, bool)
-    starts = data.offsets[:-1][lens > 0]
-    first[starts] = True
+    first = _first_rows(data)
     prev = np.maximum(np.arange(N) - 1, 0)
     last_prompt = np.array([int(p[-1]) for p in data.prompts], np.int64)
     inp = np.where(first, last_prompt[request], data.tokens[prev]) if N else np.zeros(0, np.int64)

@@ -12,10 +12,11 @@ tokens) to the root, at most `count_len` states per token. A state whose shortes
 than `count_len` keeps a stale count that nothing reads (its shortest length only grows, and a clone
 of it is as long, so it never becomes readable again).
 
-Exclusion. A pool is "every pooled trace except a few" (earlier traces with the same prompt_hash;
-in warm mode the request's own hash group). `PoolView` answers over `main` minus `excluded`, a
-second automaton holding only the excluded traces: count_pool(v) = count_main(v) - count_excl(v),
-exact because both count the same occurrences of v in those traces.
+Exclusion. A pool is "every pooled trace except some" (earlier traces with the same prompt_hash;
+in warm mode the request's own hash group; with a store budget, the traces that left the window).
+`PoolView` answers over `main` minus a list of subtracted automata, each holding only excluded
+traces (disjoint sets of traces that `main` holds): count_pool(v) = count_main(v) - sum of
+count_sub(v), exact because each counts the same occurrences of v in its own traces.
 """
 
 from __future__ import annotations
@@ -132,33 +133,58 @@ class LexicalRow:
     longest_match_len: np.ndarray  # int32
 
 
-class PoolView:
-    """The pool as `main` minus `excluded` (None: nothing excluded)."""
+def shorten(states: list[int], matched: list[int], links: list, lens: list, L: int) -> list[int]:
+    """Each subtracted automaton's state moved down its suffix links to the one holding the
+    length-L suffix (updated in `states`), or 0 where its match is shorter than L (nothing to subtract)."""
+    out = []
+    for i, g in enumerate(states):
+        if L <= matched[i]:
+            li, ni = links[i], lens[i]
+            while ni[li[g]] >= L:
+                g = li[g]
+            states[i] = g
+            out.append(g)
+        else:
+            out.append(0)
+    return out
 
-    def __init__(self, main: SuffixAutomaton, excluded: SuffixAutomaton | None = None):
+
+class PoolView:
+    """The pool as `main` minus the `subtracted` automata (disjoint sets of main's traces)."""
+
+    def __init__(self, main: SuffixAutomaton,
+                 subtracted: SuffixAutomaton | list[SuffixAutomaton] | None = None):
+        if subtracted is None:
+            subtracted = []
+        elif isinstance(subtracted, SuffixAutomaton):
+            subtracted = [subtracted]
         self.main = main
-        self.excluded = excluded if excluded is not None and excluded.n_traces else None
+        self.subtracted = [e for e in subtracted if e.n_traces]  # an empty one subtracts nothing
 
     def count(self, seq) -> int:
         n = self.main.count(seq)
-        if n and self.excluded is not None:
-            n -= self.excluded.count(seq)
+        if n:
+            for e in self.subtracted:
+                n -= e.count(seq)
         return n
 
     def prefix_len(self, seq, cap: int) -> int:
         """Longest prefix of seq (at most cap tokens) occurring in the pool."""
-        m, e = self.main, self.excluded
-        s, g, L = 0, 0, 0
+        m, subs = self.main, self.subtracted
+        s, L = 0, 0
+        gs = [0] * len(subs)  # state in each subtracted automaton, -1 once the prefix left it
         for a in seq[:cap]:
             a = int(a)
             s = m.next[s].get(a, -1)
             if s < 0:
                 break
             n = m.cnt[s]
-            if e is not None and g >= 0:
-                g = e.next[g].get(a, -1)
-                if g > 0:
-                    n -= e.cnt[g]
+            for i, e in enumerate(subs):
+                g = gs[i]
+                if g >= 0:
+                    g = gs[i] = e.next[g].get(a, -1)
+                    if g > 0:
+                        n -= e.cnt[g]
             if n <= 0:
                 break
             L += 1
@@ -171,13 +197,17 @@ class PoolView:
         One left-to-right walk over prompt + output keeps, in each automaton, the state of the
         longest context suffix (capped at max_suffix) that occurs there (matching statistics);
         the oracle's back-off reads the shorter suffixes off the suffix links. Follower lists are
-        memoised per (main state, excluded state): every string of one state pair has the same
-        followers with the same counts, so a back-off step that stays in the pair adds nothing.
+        memoised per tuple of states (main, then each subtracted automaton; 0 where the suffix
+        does not occur there): every string of one tuple has the same followers with the same
+        counts, so a back-off step that stays in the tuple adds nothing.
         """
-        m, e = self.main, self.excluded
+        m, subs = self.main, self.subtracted
         nxt, link, length, cnt = m.next, m.link, m.len, m.cnt
-        if e is not None:
-            enxt, elink, elen, ecnt = e.next, e.link, e.len, e.cnt
+        S = len(subs)
+        snxt = [e.next for e in subs]
+        slink = [e.link for e in subs]
+        slen = [e.len for e in subs]
+        scnt = [e.cnt for e in subs]
         M = max_suffix
         out = [int(x) for x in output]
         ctx = [int(x) for x in prompt] + out
@@ -186,26 +216,29 @@ class PoolView:
         producible = np.zeros(n, bool)
         oracle_len = np.zeros(n, np.int32)
         longest = np.zeros(n, np.int32)
-        memo: dict[tuple[int, int], list[int]] = {}
+        memo: dict[tuple, list[int]] = {}
 
-        def followers(sm: int, sg: int) -> list[int]:
+        def followers(key: tuple) -> list[int]:
+            sm = key[0]
             items = []
-            eg = enxt[sg] if sg > 0 else None
             for a, t in nxt[sm].items():
                 if a < 0:
                     continue
                 c = cnt[t]
-                if eg is not None:
-                    tg = eg.get(a)
-                    if tg is not None:
-                        c -= ecnt[tg]
+                for i in range(S):
+                    sg = key[i + 1]
+                    if sg > 0:
+                        tg = snxt[i][sg].get(a)
+                        if tg is not None:
+                            c -= scnt[i][tg]
                 if c > 0:
                     items.append((-c, a))  # most frequent first, ties to the smaller token id
             items.sort()
             return [a for _, a in items]
 
         s = l = 0  # main: state and length of the longest matched context suffix
-        g = lg = 0  # excluded: the same
+        g = [0] * S  # each subtracted automaton: the same
+        lg = [0] * S
         for j in range(P + n):
             if j >= P:
                 t = j - P
@@ -215,24 +248,23 @@ class PoolView:
                 sm = m.walk(fut)
                 if sm > 0:
                     c = cnt[sm]
-                    if e is not None:
+                    for e in subs:
                         sg = e.walk(fut)
                         if sg > 0:
-                            c -= ecnt[sg]
+                            c -= e.cnt[sg]
                     available[t] = c > 0
                 # longest context suffix occurring in the pool (<= max_suffix)
-                if e is None:
+                if not S:
                     longest[t] = l
                 else:
-                    L, sL, gL = l, s, g
+                    L, sL, gL = l, s, list(g)
                     while L > 0:
                         while length[link[sL]] >= L:
                             sL = link[sL]
                         c = cnt[sL]
-                        if L <= lg:
-                            while elen[elink[gL]] >= L:
-                                gL = elink[gL]
-                            c -= ecnt[gL]
+                        for i, gi in enumerate(shorten(gL, lg, slink, slen, L)):
+                            if gi:
+                                c -= scnt[i][gi]
                         if c > 0:
                             break
                         L -= 1
@@ -241,22 +273,17 @@ class PoolView:
                 cands: list[int] = []
                 found = used = 0
                 prev = None
-                sL, gL = s, g
+                sL, gL = s, list(g)
                 for L in range(l, min_suffix - 1, -1):
                     while length[link[sL]] >= L:
                         sL = link[sL]
-                    gk = 0
-                    if e is not None and L <= lg:
-                        while elen[elink[gL]] >= L:
-                            gL = elink[gL]
-                        gk = gL
-                    key = (sL, gk)
+                    key = (sL, *shorten(gL, lg, slink, slen, L))
                     if key == prev:
                         continue
                     prev = key
                     fol = memo.get(key)
                     if fol is None:
-                        fol = memo[key] = followers(sL, gk)
+                        fol = memo[key] = followers(key)
                     if not fol:
                         continue
                     if not used:
@@ -277,6 +304,6 @@ class PoolView:
             # extend the matched suffix by the next context token (matching statistics)
             c = ctx[j]
             s, l = extend_match(nxt, link, length, s, l, c, M)
-            if e is not None:
-                g, lg = extend_match(enxt, elink, elen, g, lg, c, M)
+            for i in range(S):
+                g[i], lg[i] = extend_match(snxt[i], slink[i], slen[i], g[i], lg[i], c, M)
         return LexicalRow(available, producible, oracle_len, longest)

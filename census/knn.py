@@ -7,9 +7,10 @@ the exact cosine (the standard gamma_d bound, plus the rounding of the normalisa
 member of the exact top-k has a float32 score >= s_k - 2 delta, where s_k is the k-th float32
 score. Those few shortlisted pairs are rescored in float64 and ranked by (-cosine, tiebreak).
 
-faiss is not used: its exact index (IndexFlatIP) is this same matrix product with a heap, and its
-approximate indices would break exactness; torch.topk on the product is as fast on CPU and runs on
-CUDA unchanged.
+faiss is not used here: its exact index (IndexFlatIP) is this same matrix product with a heap, and
+its approximate indices would break exactness; torch.topk on the product is as fast on CPU and runs
+on CUDA unchanged. `--index` (run.py's IndexedKey, data/stateindex.py) is where faiss comes in, to
+measure what a compressed index costs against this exact key.
 """
 
 from __future__ import annotations
@@ -47,6 +48,15 @@ def unit_rows(x: np.ndarray, valid: np.ndarray | None = None, chunk: int = 1 << 
         norms[lo:lo + chunk] = nrm
         unit[lo:lo + chunk][ok] = x64[ok] / nrm[ok, None]
     return norms, unit
+
+
+def row_norms(x: np.ndarray, chunk: int = 1 << 14) -> np.ndarray:
+    """float64 norms of the raw rows (unit_rows' norms, without the unit copy)."""
+    norms = np.zeros(len(x))
+    for lo in range(0, len(x), chunk):
+        x64 = np.asarray(x[lo:lo + chunk], dtype=np.float64)
+        norms[lo:lo + chunk] = np.sqrt(np.einsum("ij,ij->i", x64, x64))
+    return norms
 
 
 def exact_cosines(a: np.ndarray, a_norm: np.ndarray, b: np.ndarray, b_norm: np.ndarray) -> np.ndarray:

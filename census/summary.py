@@ -30,6 +30,18 @@ mechanism (why and when the exact key fails, what a recovered position is worth)
                                   was lexically blind too
 Proportions carry {value, wilson, bootstrap, k, n}; medians, means and ratios {value, bootstrap, n}.
 
+run_census adds blocks that are not functions of positions.parquet:
+  index        the semantic key (--index): StateIndex.describe() (spec, factory, trained,
+               train_size, bytes_per_state, fixed_bytes, queries, warmup_queries; exact: float16
+               states), bytes_per_token (what a pooled token costs: state or code + int32 id), and
+               against the exact key on the same pools: knn_recall (recall@candidates of the key's
+               neighbour ids, over knn_sample seeded positions), gap_recall_exact /
+               gap_recall_index (each key's sem hit rate at gap_sample seeded gap positions) and
+               gap_recall_ratio (index / exact). Up to recall_sample positions each.
+  pool_bounds  store_budget, budget_tokens, bytes_per_token, low_water, mean_pool_tokens (tokens in a
+               request's pool, mean over requests), tenants (number of tenants, censused apart)
+  timing       read_s, census_s, positions_per_s, parts_s (seconds per part of the work), device
+
 coverage (the universe: available positions; keys exact_suffix = producible, adjacency = adj_hit,
 static_embedding = emb_hit, semantic = sem_hit; a key that was not computed is null and left out
 of the others' "only it" and unions):

@@ -20,7 +20,7 @@ def _cmd_list(args) -> int:
             count = "n/a"
             print(f"  ({info.name}: {e})", file=sys.stderr)
         print(f"{info.name:<18} {count:>8}  {info.max_new_tokens:>7}  {info.source}")
-    print("jsonl:PATH          your own traffic: one {\"id\", \"messages\"|\"prompt\", \"reference\"?} per line")
+    print("jsonl:PATH          your own traffic: one {\"id\", \"messages\"|\"prompt\", \"reference\"?, \"tenant\"?} per line")
     return 0
 
 
@@ -47,6 +47,7 @@ def _cmd_show(args) -> int:
           f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
     print(f"requests {st.n_requests}, generated tokens {int(lens.sum())}, mean {lens.mean():.1f}, "
           f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
+    print(tenant_line(st.requests["tenant"].to_list()))
     if st.verified:
         print(f"checksums: verified ({len(st.meta['checksums'])} files); `python -m data verify` checks the values too")
     else:
@@ -58,6 +59,17 @@ def _cmd_show(args) -> int:
               f"{len(st.meta.get('truncated') or {})} prompt(s) truncated from the left")
     print(reuse_line(st.meta, st.requests["prompt_tokens"].list.len().to_list()))
     return 0
+
+
+def tenant_line(tenants: list[str]) -> str:
+    """How many tenants the requests belong to, and with several, the requests of each (first seen first)."""
+    counts: dict[str, int] = {}
+    for t in tenants:
+        counts[t] = counts.get(t, 0) + 1
+    if len(counts) <= 1:
+        name = next(iter(counts), "")
+        return f"tenants 1 ({repr(name) if name else 'the default tenant'})"
+    return f"tenants {len(counts)}: " + ", ".join(f"{t!r} {n}" for t, n in counts.items())
 
 
 def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:

@@ -21,6 +21,10 @@ Registered benchmarks and their request counts on the pinned upstream files (`EX
 
 plus `jsonl:PATH`, a user's own traffic (one request per line, see `_load_jsonl`).
 
+Tenants: a request belongs to one tenant (`Request.tenant`, the trace store's `tenant` column).
+Registered benchmarks are one tenant, "". JSONL traffic may say `"tenant": "name"` per line
+(a string; absent = ""); no request drafts from, or is censused against, another tenant's traces.
+
 Prompt layouts (one system message where the benchmark has one, then one user message):
 
 * `apibank` (level-1 then level-2 test set, file order): the layout used for API-Bank serving in
@@ -110,6 +114,7 @@ class Request:
     group: str  # conversation / task id
     messages: tuple  # tuple of {"role": "system"|"user"|"assistant", "content": str} dicts, in order
     reference: str | None
+    tenant: str = ""  # whose traffic it is; "" = the one default tenant (every registered benchmark)
 
 
 @dataclass(frozen=True)
@@ -691,8 +696,10 @@ def load_requests(name: str, limit: int | None = None) -> list[Request]:
 
 
 def data_fingerprint(requests: list[Request]) -> str:
-    """sha256 (first 16 hex digits) of a canonical JSON of the requests: ids, groups, messages, references."""
-    rows = [{"id": r.id, "group": r.group, "messages": [dict(m) for m in r.messages], "reference": r.reference}
+    """sha256 (first 16 hex digits) of a canonical JSON of the requests: ids, groups, messages, references,
+    and tenants where not the default "" (so traffic without tenants keeps the fingerprint it always had)."""
+    rows = [{"id": r.id, "group": r.group, "messages": [dict(m) for m in r.messages], "reference": r.reference,
+             **({"tenant": r.tenant} if r.tenant else {})}
             for r in requests]
     blob = json.dumps(rows, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
     return hashlib.sha256(blob.encode("utf-8")).hexdigest()[:16]
@@ -738,7 +745,8 @@ def _text(value: str, where: str, field: str) -> str:
 
 
 def _jsonl_request(row, where: str, lineno: int) -> Request:
-    """One line: {"id", "messages": [...]} or {"id", "prompt"}, optional "reference" and "group".
+    """One line: {"id", "messages": [...]} or {"id", "prompt"}, optional "reference", "group" and
+    "tenant" (a string; absent or null: the default tenant "").
 
     A line without "id" takes its line number (1-based, blank lines counted) as its id; the loader
     prints one note per file saying how many lines did."""
@@ -772,8 +780,13 @@ def _jsonl_request(row, where: str, lineno: int) -> Request:
     group = row.get("group", rid)
     if isinstance(group, bool) or not isinstance(group, (str, int)):
         raise OilbirdError(f"{where}: \"group\" must be a string or an integer")
+    tenant = row.get("tenant")
+    if tenant is None:
+        tenant = ""
+    elif not isinstance(tenant, str):
+        raise OilbirdError(f"{where}: \"tenant\" must be a string (got {type(tenant).__name__})")
     return Request(id=_text(str(rid), where, '"id"'), group=_text(str(group), where, '"group"'),
-                   messages=messages, reference=reference)
+                   messages=messages, reference=reference, tenant=_text(tenant, where, '"tenant"'))
 
 
 def _load_jsonl(path_text: str) -> list[Request]:

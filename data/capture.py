@@ -520,6 +520,24 @@ def fit_prompts(lm: LoadedModel, requests: list[Request], max_new: int, truncate
     return prompts, truncated
 
 
+def _check_committed(path, writer: StoreWriter, requests: list[Request]) -> None:
+    """The requests a resumed store already holds are the traffic's first ones, tenant included
+    (data_fingerprint in meta.json catches a change of the traffic; this names the request)."""
+    done = writer.requests
+    if not done.num_rows:
+        return
+    ids = done.column("id").to_pylist()
+    tenants = done.column("tenant").to_pylist()
+    for r, (rid, tenant) in enumerate(zip(ids, tenants)):
+        if r >= len(requests):
+            break
+        req = requests[r]
+        if rid != req.id or tenant != req.tenant:
+            raise OilbirdError(f"trace store {path} holds request {r} as id {rid!r} of tenant {tenant!r}, but the "
+                               f"traffic has id {req.id!r} of tenant {req.tenant!r}: the store was made from other "
+                               "traffic; pass --force to overwrite it or --out for another folder")
+
+
 def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     """Capture (or resume) a trace store; returns its path."""
     if cfg.mode not in ("generate", "reference"):
@@ -560,6 +578,7 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     }
     writer = StoreWriter(path, meta, force=cfg.force)
     start = writer.done
+    _check_committed(path, writer, requests)
     if start >= len(requests):
         if not writer.meta.get("complete"):
             writer.finish(limit=cfg.limit)
@@ -611,7 +630,8 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
                     request=start + committed, id=req.id, group=req.group, prompt_hash=prompt_hash(prompt),
                     prompt_tokens=prompt, output_tokens=g.tokens, stop_reason=g.stop_reason,
                     seconds=g.seconds, hidden=g.hidden, hidden_valid=g.hidden_valid, topk=g.topk,
-                    prompt_last_hidden=g.prompt_last_hidden, prompt_last_topk=g.prompt_last_topk))
+                    prompt_last_hidden=g.prompt_last_hidden, prompt_last_topk=g.prompt_last_topk,
+                    tenant=req.tenant))
                 if req.id in truncated:
                     truncated_done[req.id] = truncated[req.id]
                 reused_done.append(int(g.prompt_tokens_reused))

@@ -4,8 +4,11 @@ Layout of `runs/<bench>/<model>/traces/`:
   meta.json          model, fingerprints, layer, n_layers, d_model, dtype, bench, mode, ... and
                      `complete` (false while a capture is running or was interrupted),
                      `n_requests` (committed so far), `checksums` (sha256 of every committed file)
-  requests.parquet   one row per finished request (REQUEST_SCHEMA); rewritten atomically after
-                     every part, so it is the commit point of a resumable capture
+  requests.parquet   one row per finished request (request_schema); rewritten atomically after
+                     every part, so it is the commit point of a resumable capture. Its last
+                     column, `tenant` (string, "" = the default tenant), is absent from stores
+                     written before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
+                     checksums, taken over the files' bytes, still hold
   positions-NNNNN.parquet   one row per generated token (POSITION_SCHEMA); a part holds whole
                      requests and is renamed into place before requests.parquet names them
 
@@ -98,7 +101,12 @@ def request_schema(d_model: int) -> pa.Schema:
         ("seconds", pa.float64()),
         ("prompt_last_hidden", pa.list_(pa.float16(), d_model)),
         ("prompt_last_topk", pa.list_(pa.int32(), TOPK)),
+        ("tenant", pa.string()),  # last: older stores lack it (OPTIONAL_COLUMNS), and column indices stay put
     ])
+
+
+# Columns a store written by older code may lack: name -> the value every row then takes.
+OPTIONAL_COLUMNS = {"tenant": ""}
 
 
 def position_schema(d_model: int) -> pa.Schema:
@@ -256,7 +264,8 @@ class TraceStore:
 
     path: Path
     meta: dict
-    requests: pl.DataFrame  # request, id, group, prompt_hash, prompt_tokens, output_tokens, stop_reason, seconds
+    requests: pl.DataFrame  # request, id, group, prompt_hash, prompt_tokens, output_tokens, stop_reason, seconds,
+    #                         tenant ("" in a store written before tenants)
     positions: pl.DataFrame  # request, position, token
     hidden: np.ndarray  # [n_positions, d_model] float16 (zeros where null)
     hidden_valid: np.ndarray  # [n_positions] bool
@@ -320,6 +329,7 @@ def _schema_difference(have: pa.Schema, want: pa.Schema) -> str:
     (nullability, list item names, large types, column order)."""
     real, dialect = [], []
     got = {f.name: f for f in have}
+    want = pa.schema([f for f in want if f.name in got or f.name not in OPTIONAL_COLUMNS])  # absence is no difference
     for f in want:
         g = got.get(f.name)
         if g is None:
@@ -343,8 +353,21 @@ def _parse_parquet(path: Path, blob, schema: pa.Schema) -> pa.Table:
     except (pa.ArrowInvalid, OSError) as e:
         raise OilbirdError(f"corrupt Parquet file {path}: {str(e).splitlines()[0]} "
                            "(the store is damaged; recapture with --force)") from None
+    table = _fill_optional(table, schema)
     if not table.schema.equals(schema, check_metadata=False):
         raise OilbirdError(f"{path} does not match the trace schema ({_schema_difference(table.schema, schema)})")
+    return table
+
+
+def _fill_optional(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """A table written before an optional column existed (OPTIONAL_COLUMNS) gets it, with its default in
+    every row, where the schema puts it; anything else is left for the schema check to report."""
+    for name, default in OPTIONAL_COLUMNS.items():
+        i = schema.get_field_index(name)
+        if i < 0 or name in table.column_names or i > table.num_columns:
+            continue
+        f = schema.field(name)
+        table = table.add_column(i, f, pa.array([default] * table.num_rows, f.type))
     return table
 
 
@@ -455,6 +478,8 @@ def _check_rows(path: Path, req: pa.Table, parts: list[pa.Table]):
     requests = pl.from_arrow(req.drop_columns(["prompt_last_hidden", "prompt_last_topk"]))
     positions = pl.from_arrow(pos.select(["request", "position", "token"]))
     n_req = requests.height
+    if requests["tenant"].null_count():
+        raise _damaged(path, "a request's tenant is null (the default tenant is \"\")")
     if requests["request"].to_list() != list(range(n_req)):
         raise _damaged(path, f"requests.parquet does not number its requests 0..{n_req - 1}")
     lengths = requests["output_tokens"].list.len().to_numpy().astype(np.int64)
@@ -618,6 +643,7 @@ class TraceRecord:
     topk: np.ndarray  # [n_out, 8] int
     prompt_last_hidden: np.ndarray  # [d]
     prompt_last_topk: np.ndarray  # [8]
+    tenant: str = ""  # the request's tenant ("" = the default one)
 
 
 def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Table, pa.Table]:
@@ -635,6 +661,7 @@ def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Tabl
                    n, d_model, pa.float16()),
         fixed_list(np.stack([r.prompt_last_topk for r in records]).astype(np.int32) if n else None,
                    n, TOPK, pa.int32()),
+        pa.array([str(r.tenant) for r in records], pa.string()),
     ], schema=request_schema(d_model))
     lens = [len(r.output_tokens) for r in records]
     total = int(sum(lens))

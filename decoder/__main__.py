@@ -35,7 +35,8 @@ ablations of oilbird (same drafter, one setting changed):
   pld+key, recycling+key the key transplanted into those hosts at an unchanged node budget
 summary.json of the key arms adds sole_source_share (sole-semantic tokens / all committed tokens, the
 paper's), sole_source_share_of_draft (/ accepted draft tokens), semantic_time_s, retrieval_fraction and
-store_bytes_per_token."""
+store_bytes_per_token; every arm records index, bytes_per_state, warmup_queries and knn_recall (--index),
+tenants (one drafter per tenant), store_budget_tokens and max_pool_tokens (--store-budget)."""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,6 +73,15 @@ def serve_main(argv: list[str] | None = None) -> int:
                    help="a captured trace store (runs/<bench>/<model>/traces) whose requests start every pool")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
+    p.add_argument("--index", default="exact", metavar="SPEC",
+                   help="the semantic key's index: exact (default, float16 matrix) or a faiss spec: flat, sq8, pq64, "
+                        "pca128,sq8, opq64,pq64, ivf1024,pq64 (nprobe=N), hnsw32 (efsearch=N)")
+    p.add_argument("--store-budget", default=None, metavar="B",
+                   help="bound the pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest traces "
+                        "leave when a finished request takes it above B, down to 7/8 of B (default: unbounded; "
+                        "not with --warm-from)")
+    p.add_argument("--index-train", type=int, default=0, metavar="N",
+                   help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
@@ -80,7 +90,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     arms = tuple(args.arms.split(",")) if args.arms is not None else DEFAULT_ARMS
     cfg = DecodeConfig(bench=args.bench, model=args.model, arms=arms, limit=args.limit, nodes=args.nodes,
                        max_new_tokens=args.max_new_tokens, out=args.out, warm_from=args.warm_from,
-                       dtype=args.dtype, device=args.device, progress=not args.quiet)
+                       dtype=args.dtype, device=args.device, progress=not args.quiet, index=args.index,
+                       store_budget=args.store_budget, index_train_size=args.index_train)
     summaries = run_decode(cfg)
     print(format_table(summaries))
     print(f"written: {next(iter(summaries.values()))['decode_dir']}/<arm>/")

@@ -213,11 +213,15 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
     first_state = first_top = None
     cycles: list[Cycle] = []
     reason = None
+    measured = hasattr(drafter, "untimed_s")  # measurement-only work inside propose (knn_recall shadows)
+    untimed0 = drafter.untimed_s if measured else 0.0
     while reason is None:
+        u0 = drafter.untimed_s if measured else 0.0
         t0 = time.perf_counter()
         draft = drafter.propose(context, nodes)
         check_draft(draft, nodes, lm.vocab_size)
         t1 = time.perf_counter()
+        t0 += (drafter.untimed_s - u0) if measured else 0.0  # left out of the drafting time
         past_len = len(context) - 1
         fwd = verify_tree(lm.model, cache, past_len, context[-1], draft.tokens, draft.parents, tap)
         accepted, bonus = greedy_accept(draft.tokens, draft.parents, fwd.argmax)
@@ -247,6 +251,7 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
     if n > 1:
         hidden[:n - 1] = np.stack(states[:n - 1])
         topk[:n - 1] = np.stack(tops[:n - 1])
-    return Generation(tokens=output, stop_reason=reason, seconds=time.perf_counter() - t_start,
+    untimed = (drafter.untimed_s - untimed0) if measured else 0.0
+    return Generation(tokens=output, stop_reason=reason, seconds=time.perf_counter() - t_start - untimed,
                       prefill_s=prefill_s, cycles=cycles, hidden=hidden, hidden_valid=valid, topk=topk,
                       prompt_last_hidden=first_state, prompt_last_topk=first_top)

@@ -26,6 +26,13 @@ same way before serving. A request must not draft from its own trace: drafters r
 in `begin_request` and in `end_request`, and skip pool traces whose prompt hash
 (`data.capture.prompt_hash`) equals the current request's; this matters with `--warm-from` a
 store of the same benchmark and with repeated prompts.
+
+Pools (decoder/pools.py): `--index SPEC` keeps the semantic key's states in a faiss index (exact,
+the default, is the float16 matrix, unchanged); `--store-budget B` bounds the past pool to the
+data/budget.py window; requests of different tenants (`Request.tenant`) are served by different
+drafters of the arm, so none drafts from another tenant's traces (warm traces go to their own
+tenant's drafter). summary.json adds index, bytes_per_state, warmup_queries, knn_recall, tenants,
+store_budget, store_budget_tokens and max_pool_tokens.
 """
 
 from __future__ import annotations
@@ -45,6 +52,7 @@ import pyarrow as pa
 import torch
 
 from data.benchmarks import get_benchmark, load_requests
+from data.budget import check_budget
 from data.capture import library_versions, prompt_hash
 from data.errors import OilbirdError
 from data.models import LayerTap, LoadedModel, encode_prompt, load_model
@@ -53,6 +61,7 @@ from data.stats import RequestBootstrap
 from decoder.draft import Drafter
 from decoder.engine import Cycle, Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
+from decoder.pools import TenantPools, check_index, index_summary, resolve_budget, warmup_note
 
 REFERENCE_ARM = "ar"
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
@@ -77,6 +86,15 @@ class DecodeConfig:
     dtype: str | None = None  # default float32 on CPU, bfloat16 on CUDA
     device: str | None = None
     progress: bool = True
+    index: str = "exact"  # --index: the semantic key's index (data/stateindex.py); exact = the float16 matrix
+    store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
+    knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
+    index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
+
+    def shared(self) -> dict:
+        """Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
+        return {"index": self.index, "knn_recall_every": self.knn_recall_every,
+                "index_train_size": self.index_train_size}
 
 
 def library_drafters() -> dict[str, ArmFactory]:
@@ -89,7 +107,7 @@ def library_drafters() -> dict[str, ArmFactory]:
     from decoder.drafters import arm_names, make_drafter
 
     def factory(name: str) -> ArmFactory:
-        return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes)
+        return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes, shared=cfg.shared())
 
     # the library's own "ar" (an empty-draft drafter) would shadow the plain greedy reference
     return {name: factory(name) for name in arm_names() if name != REFERENCE_ARM}
@@ -116,13 +134,15 @@ def decode_dir(out: str | Path, bench: str, model_slug: str) -> Path:
     return store_dir(out, bench, model_slug).parent / "decode"
 
 
-def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray]]:
-    """(prompt, output tokens, states float32) of every request of a captured store, in order."""
+def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray, str]]:
+    """(prompt, output tokens, states float32, tenant) of every request of a captured store, in order."""
     store = open_store(path, model_fingerprint=lm.fingerprint, d_model=lm.d_model)
+    tenants = store.requests["tenant"].to_list() if "tenant" in store.requests.columns else None
     pool = []
     for r in range(store.n_requests):
         lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
-        pool.append((store.prompt(r), [int(t) for t in store.tokens(r)], store.hidden[lo:hi].astype(np.float32)))
+        pool.append((store.prompt(r), [int(t) for t in store.tokens(r)], store.hidden[lo:hi].astype(np.float32),
+                     (tenants[r] or "") if tenants else ""))
     return pool
 
 
@@ -144,35 +164,43 @@ class ArmRun:
     pool_s: list[float]  # end_request time per request
     warm_s: float = 0.0
     drafter_stats: dict | None = None  # the drafter's own counters (`stats()`), e.g. the semantic key's
+    pools: dict | None = None  # TenantPools.summary (drafter arms): tenants, budget, the largest pool
 
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
-              factory: ArmFactory | None, warm_pool, progress_desc: str) -> ArmRun:
+              factory: ArmFactory | None, warm_pool, progress_desc: str, tenants: list[str] | None = None,
+              budget_tokens: int | None = None) -> ArmRun:
+    """Serve every prompt in order with the arm: one drafter per tenant (decoder/pools.py), `ar` with none."""
     from tqdm import tqdm
 
-    drafter = factory(lm, cfg) if factory is not None else None
+    tenants = tenants or [""] * len(prompts)
+    pools = TenantPools(lambda: factory(lm, cfg), budget_tokens) if factory is not None else None
     warm_s = 0.0
-    if drafter is not None and warm_pool:
+    if pools is not None and warm_pool:
         t0 = time.perf_counter()
-        for prompt, output, hidden in warm_pool:
-            drafter.end_request(prompt, output, hidden)
+        for prompt, output, hidden, tenant in warm_pool:  # a warm trace feeds its own tenant's drafter only
+            pools.warm(tenant, len(output)).end_request(prompt, output, hidden)
         warm_s = time.perf_counter() - t0
     gens: list[Generation] = []
     pool_s: list[float] = []
     tokens = passes = 0
     seconds = 0.0
     bar = tqdm(total=len(prompts), unit="req", desc=progress_desc, disable=not cfg.progress, dynamic_ncols=True)
-    tap = LayerTap(lm.model, lm.layer) if drafter is not None else None
+    tap = LayerTap(lm.model, lm.layer) if pools is not None else None
     try:
-        for prompt in prompts:
-            if drafter is None:
+        for r, prompt in enumerate(prompts):
+            if pools is None:
                 g = decode_greedy(lm, prompt, stop)
                 pool_s.append(0.0)
             else:
+                t0 = time.perf_counter()
+                drafter = pools.begin(r, tenants[r])  # moves the budget window: evictions count as pool time
+                evict_s = time.perf_counter() - t0
                 g = decode_speculative(lm, tap, prompt, drafter, stop, cfg.nodes)
                 t0 = time.perf_counter()
                 drafter.end_request(list(prompt), list(g.tokens), g.hidden)
-                pool_s.append(time.perf_counter() - t0)
+                pools.end(r, tenants[r], len(g.tokens))
+                pool_s.append(time.perf_counter() - t0 + evict_s)
                 g.hidden = g.topk = None  # in the drafter's pool now; not kept twice
             gens.append(g)
             tokens += len(g.tokens)
@@ -185,8 +213,8 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         bar.close()
         if tap is not None:
             tap.close()
-    stats = drafter.stats() if drafter is not None and hasattr(drafter, "stats") else None
-    return ArmRun(name, gens, pool_s, warm_s, stats)
+    stats = pools.stats() if pools is not None else None
+    return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None)
 
 
 def first_difference(a: list[int], b: list[int]) -> int | None:
@@ -253,6 +281,9 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         "retrieval_fraction": retrieval_s / cycle_s if stats and cycle_s else None,
         "store_bytes_per_token": stats.get("store_bytes_per_token") if stats else None,
         "drafter_stats": stats or None,
+        **index_summary(stats, base.get("index", "exact")),
+        **(run.pools or {"tenants": None, "store_budget_tokens": base.get("store_budget_tokens"),
+                         "max_pool_tokens": None, "pool_evictions": None, "evicted_traces": None}),
         "stop_reasons": stops,
         "lossless": lossless_audit(run, reference, request_ids) if reference is not None else None,
     }
@@ -332,8 +363,14 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
     if lm is None:
         lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     check_supported(lm.model)
+    spec = check_index(cfg.index, lm.d_model)
+    budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, lm.d_model, warm=bool(cfg.warm_from))
+    note = warmup_note(spec, cfg.index_train_size, budget_tokens) if budget_tokens is not None else None
+    if note:
+        print(f"note: {note}", file=sys.stderr)
     stop = stop_rule(lm, stop_strings, max_new)
     warm_pool = load_warm_pool(cfg.warm_from, lm) if cfg.warm_from else []
+    tenants = [getattr(r, "tenant", "") or "" for r in requests]  # before data.benchmarks had tenants: one
     prompts = [encode_prompt(lm, r.messages) for r in requests]
     if any(not p for p in prompts):
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
@@ -344,6 +381,7 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         "device": lm.device.type, "dtype": str(lm.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
         "nodes": cfg.nodes, "max_new_tokens": max_new, "stop_strings": list(stop_strings),
         "limit": cfg.limit, "warm_from": cfg.warm_from, "warm_requests": len(warm_pool),
+        "index": spec.text, "store_budget": budget_info, "store_budget_tokens": budget_tokens,
         "arms_run": arms, "ar_added": added, "decode_dir": str(out_dir),
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": library_versions(),
@@ -353,9 +391,11 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
     reference: ArmRun | None = None
     for k, name in enumerate(arms):
         run = serve_arm(name, lm, prompts, cfg, stop, factories.get(name), warm_pool,
-                        f"{name} ({k + 1}/{len(arms)})")
+                        f"{name} ({k + 1}/{len(arms)})", tenants, budget_tokens)
         if name == REFERENCE_ARM:
             reference = run
+            # every arm commits ar's tokens: a budget below one of its traces is refused before any drafting
+            check_budget(budget_tokens, [len(g.tokens) for g in run.generations])
         summary = summarize(run, reference, ids, base)
         write_folder(out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                       "requests.parquet": requests_table(run, requests, prompts),

@@ -33,6 +33,11 @@ verification forward against node count and context (decoder/profile.py, `python
 profile`): estimated arm time = prefill + sum over passes of verify(nodes, context) + drafting +
 update + pool insertion; plain greedy = prefill + verify(0, context) per token.
 
+Pools (decoder/pools.py): `--index SPEC` puts the semantic key's states in a faiss index instead of
+the float16 matrix (exact, the default, is unchanged); `--store-budget B` bounds the past pool to the
+data/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
+column gets one drafter per tenant, so no request drafts from another tenant's traces.
+
 Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; with several --nodes
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
 summary.json (see README, "Replay").
@@ -51,13 +56,16 @@ from typing import Sequence
 
 import numpy as np
 
+from data.budget import check_budget
 from data.errors import OilbirdError
 from data.models import model_slug
+from data.stateindex import check_trainable
 from data.stats import RequestBootstrap
 from data.store import open_store, store_dir
 from decoder.draft import ROOT, VerifyResult
 from decoder.engine import Cycle, check_draft, pass_record
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
+from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
 from decoder.tree import greedy_accept
 
 # What `make census` replays: the decision needs the key on and off, and the two lexical baselines.
@@ -82,6 +90,10 @@ class ReplayConfig:
     profile: str | None = None  # None = runs/profiles/<model slug>-cpu.json when it exists
     jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores)
     progress: bool = True
+    index: str = "exact"  # --index: the semantic key's index (data/stateindex.py); exact = the float16 matrix
+    store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
+    knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
+    index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
 
 
 # ---------------------------------------------------------------- the store as the verifier
@@ -97,6 +109,7 @@ class Trace:
     topk: np.ndarray  # [n, 8] int32, -1 rows where unknown
     first_hidden: np.ndarray  # [d] the state that predicted tokens[0] (at the prompt's last token)
     first_topk: np.ndarray  # [8]
+    tenant: str = ""  # whose traffic; "" = the default tenant (stores without the column)
 
     def pool_states(self) -> np.ndarray:
         """float32 states for the drafter's pool: zeros where unknown (the live engine's convention)."""
@@ -107,6 +120,8 @@ def load_traces(store, limit: int | None, max_new_tokens: int | None) -> list[Tr
     """The store's requests in serving order, each cut at max_new_tokens (greedy with a lower cap)."""
     n_req = store.n_requests if limit is None else min(limit, store.n_requests)
     flat_tokens = store.positions["token"].to_numpy()
+    # stores written before tenants lack the column: one tenant
+    tenants = store.requests["tenant"].to_list() if "tenant" in store.requests.columns else [""] * n_req
     traces = []
     for r in range(n_req):
         lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
@@ -121,7 +136,7 @@ def load_traces(store, limit: int | None, max_new_tokens: int | None) -> list[Tr
         topk[~known] = -1
         traces.append(Trace(prompt=store.prompt(r), tokens=flat_tokens[lo:hi].astype(int).tolist(),
                             hidden=hidden, topk=topk, first_hidden=store.prompt_last_hidden[r],
-                            first_topk=store.prompt_last_topk[r]))
+                            first_topk=store.prompt_last_topk[r], tenant=tenants[r] or ""))
     return traces
 
 
@@ -177,10 +192,13 @@ def replay_request(drafter, trace: Trace, nodes: int, vocab_size: int) -> list[C
     context = list(trace.prompt)
     cycles: list[Cycle] = []
     m = 0
+    measured = hasattr(drafter, "untimed_s")  # measurement-only work inside propose (knn_recall shadows)
     while m < n:
+        u0 = drafter.untimed_s if measured else 0.0
         t0 = time.perf_counter()
         draft = drafter.propose(context, nodes)
         t1 = time.perf_counter()
+        t0 += (drafter.untimed_s - u0) if measured else 0.0
         check_draft(draft, nodes, vocab_size)
         truth = tokens[m:]
         argmax, on_path = truth_argmax(draft.tokens, draft.parents, truth)
@@ -259,38 +277,49 @@ class ArmReplay:
     has_key: bool
     stats: dict | None = None
     warm_s: float = 0.0
+    pools: dict | None = None  # TenantPools.summary: tenants, the budget, the largest pool drafted from
 
 
 def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size: int,
-               progress=None) -> ArmReplay:
-    """Serve every trace with a fresh drafter of `arm` (its pool empty, or warm), in order."""
+               progress=None, settings: PoolSettings | None = None) -> ArmReplay:
+    """Serve every trace with fresh drafters of `arm` (one per tenant; pools empty, or warm), in order.
+
+    `settings`: the index spec and the budget window (decoder/pools.py); default exact, unbounded."""
     from data.capture import prompt_hash
     from decoder.drafters import make_drafter
 
-    drafter = make_drafter(arm, vocab_size=vocab_size, nodes=nodes)
-    exact, reason = exactness(drafter)
+    settings = settings or PoolSettings()
+    make = lambda: make_drafter(arm, vocab_size=vocab_size, nodes=nodes, shared=settings.shared())  # noqa: E731
+    pools = TenantPools(make, settings.budget_tokens)
+    probe = make()
+    exact, reason = exactness(probe)
+    states = uses_states(probe)
     t_start = time.perf_counter()
     warm_s = 0.0
     if pool == "warm":
-        for tr in traces:
-            drafter.end_request(tr.prompt, tr.tokens, tr.pool_states())
+        for tr in traces:  # each tenant's drafter gets its own tenant's traces only
+            pools.warm(tr.tenant, len(tr.tokens)).end_request(tr.prompt, tr.tokens, tr.pool_states())
         warm_s = time.perf_counter() - t_start
     per_request: list[list[Cycle]] = []
     pool_s = np.zeros(len(traces))
     for r, tr in enumerate(traces):
+        t0 = time.perf_counter()
+        drafter = pools.begin(r, tr.tenant)  # moves the budget window: evictions count as pool time
+        pool_s[r] = time.perf_counter() - t0
         drafter.begin_request(tr.prompt, prompt_hash(tr.prompt))
         per_request.append(replay_request(drafter, tr, nodes, vocab_size))
         if pool == "past":
             t0 = time.perf_counter()
-            drafter.end_request(tr.prompt, tr.tokens, tr.pool_states() if uses_states(drafter) else None)
-            pool_s[r] = time.perf_counter() - t0
+            drafter.end_request(tr.prompt, tr.tokens, tr.pool_states() if states else None)
+            pool_s[r] += time.perf_counter() - t0
+        pools.end(r, tr.tenant, len(tr.tokens) if pool == "past" else 0)
         if progress is not None:
             progress(1)
-    stats = drafter.stats() if hasattr(drafter, "stats") else None
+    stats = pools.stats()
     has_key = bool(stats and stats.get("semantic_key")) or any(
         SEMANTIC_SOURCE in c.node_sources for cs in per_request for c in cs)
     return ArmReplay(arm, nodes, per_request, pool_s, time.perf_counter() - t_start, exact, reason, has_key,
-                     stats, warm_s)
+                     stats, warm_s, pools.summary())
 
 
 # ---------------------------------------------------------------- time estimate
@@ -335,13 +364,14 @@ def replay_dir(out: str | Path, bench: str, slug: str, pool: str = "past") -> Pa
 
 def _worker(job: tuple) -> ArmReplay:
     """One (arm, nodes) in a worker process: the traces come from the store each worker reads itself."""
-    arm, nodes, path, limit, cap, pool, vocab_size, queue = job
+    arm, nodes, path, limit, cap, pool, vocab_size, queue, settings = job
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the workers share the machine
     store = open_store(path)
     traces = load_traces(store, limit, cap)
-    return replay_arm(arm, traces, nodes, pool, vocab_size, progress=(lambda k: queue.put(k)) if queue else None)
+    return replay_arm(arm, traces, nodes, pool, vocab_size, progress=(lambda k: queue.put(k)) if queue else None,
+                      settings=settings)
 
 
 def check_config(cfg: ReplayConfig) -> None:
@@ -360,6 +390,8 @@ def check_config(cfg: ReplayConfig) -> None:
         raise OilbirdError(f"--max-new-tokens must be at least 1 (got {cfg.max_new_tokens})")
     if cfg.bootstrap < 0:
         raise OilbirdError(f"--bootstrap must be 0 or more (got {cfg.bootstrap})")
+    if cfg.knn_recall_every < 0 or cfg.index_train_size < 0:
+        raise OilbirdError("knn_recall_every and index_train_size must be 0 or more")
 
 
 def load_cost(cfg: ReplayConfig, slug: str, fingerprint: str):
@@ -402,14 +434,26 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         if needs:
             raise OilbirdError(f"arm {needs[0]} needs hidden states and the store at {path} holds none; "
                                "recapture in generate mode (`python -m data capture`)")
+    spec = check_index(cfg.index, store.d_model)
+    budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
     if not traces or not any(tr.tokens for tr in traces):
         raise OilbirdError(f"trace store {path} holds no generated tokens to replay")
     del store
+    check_budget(budget_tokens, [len(tr.tokens) for tr in traces])
+    index_note = None
+    if not spec.exact and any(uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1)) for a in arms):
+        # the most states any pool could hold: the replayed traces' valid states
+        n_states = sum(int(np.count_nonzero(np.abs(tr.hidden).sum(axis=1))) for tr in traces)
+        check_trainable(spec, n_states)
+        index_note = warmup_note(spec, cfg.index_train_size, min(n_states, budget_tokens or n_states))
+        if index_note:
+            print(f"note: {index_note}", file=sys.stderr)
+    settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size)
     jobs = [(arm, nodes) for arm in arms for nodes in cfg.nodes]
     n_workers = cfg.jobs or min(len(jobs), os.cpu_count() or 1)
-    runs = _run_jobs(jobs, traces, path, cfg, cap, vocab_size, n_workers)
+    runs = _run_jobs(jobs, traces, path, cfg, cap, vocab_size, n_workers, settings)
 
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
@@ -426,7 +470,9 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         tau, tau_iv = stats.pop("tau"), stats.pop("tau_interval")
         s = {**base, "arm": arm, "nodes": nodes, **stats, "tau": {"value": tau, "interval": tau_iv},
              "exact": run.exact, "exact_reason": run.exact_reason, "seconds": run.seconds, "warm_pool_s": run.warm_s,
-             "drafter_stats": run.stats, "estimate": None, "estimate_note": cost_note, "paired_gain": None}
+             "drafter_stats": run.stats, "estimate": None, "estimate_note": cost_note, "paired_gain": None,
+             **index_summary(run.stats, spec), "index_note": index_note if run.stats else None,
+             "store_budget": budget_info, **run.pools}
         if cost is not None:
             s["estimate"], ar_r, arm_r = estimate(run, traces, cost, boot)
             per_request_time[(arm, nodes)] = (ar_r, arm_r)
@@ -450,7 +496,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     return summaries
 
 
-def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers) -> dict[tuple[str, int], ArmReplay]:
+def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers,
+              settings: PoolSettings) -> dict[tuple[str, int], ArmReplay]:
     from tqdm import tqdm
 
     total = len(jobs) * len(traces)
@@ -461,14 +508,15 @@ def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers)
             out = {}
             for arm, nodes in jobs:
                 bar.set_postfix(arm=arm, nodes=nodes, refresh=False)
-                out[(arm, nodes)] = replay_arm(arm, traces, nodes, cfg.pool, vocab_size, progress=bar.update)
+                out[(arm, nodes)] = replay_arm(arm, traces, nodes, cfg.pool, vocab_size, progress=bar.update,
+                                               settings=settings)
             return out
         ctx = multiprocessing.get_context("spawn")  # fork would copy torch/polars thread state
         with ctx.Manager() as manager:
             queue = manager.Queue()
             with ctx.Pool(n_workers) as pool:
                 pending = pool.map_async(_worker, [(arm, nodes, str(path), cfg.limit, cfg.max_new_tokens, cfg.pool,
-                                                    vocab_size, queue) for arm, nodes in jobs], chunksize=1)
+                                                    vocab_size, queue, settings) for arm, nodes in jobs], chunksize=1)
                 done = 0
                 while not pending.ready() or done < total:
                     try:
@@ -576,6 +624,14 @@ def replay_main(argv: list[str] | None = None) -> int:
         p.add_argument("--store", default=None, help="trace store folder (default runs/<bench>/<model>/traces)")
         p.add_argument("--out", default="runs", help="output root (default runs/)")
         p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core, at most one per arm)")
+        p.add_argument("--index", default="exact", metavar="SPEC",
+                       help="the semantic key's index: exact (default, float16 matrix) or a faiss spec: flat, sq8, "
+                            "pq64, pca128,sq8, opq64,pq64, ivf1024,pq64 (nprobe=N), hnsw32 (efsearch=N)")
+        p.add_argument("--store-budget", default=None, metavar="B",
+                       help="bound the past pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest "
+                            "traces leave when a join exceeds it, down to 7/8 of it (default: unbounded)")
+        p.add_argument("--index-train", type=int, default=0, metavar="N",
+                       help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         args = p.parse_args(argv)
         try:
@@ -585,7 +641,8 @@ def replay_main(argv: list[str] | None = None) -> int:
         cfg = ReplayConfig(bench=args.bench, model=args.model, arms=tuple(args.arms.split(",")), nodes=nodes,
                            pool=args.pool, limit=args.limit, max_new_tokens=args.max_new_tokens, out=args.out,
                            store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=max(0, args.jobs),
-                           progress=not args.quiet)
+                           progress=not args.quiet, index=args.index, store_budget=args.store_budget,
+                           index_train_size=args.index_train)
         t0 = time.perf_counter()
         summaries = run_replay(cfg)
         print(format_table(summaries))

@@ -15,6 +15,7 @@ import re
 
 import matplotlib
 import numpy as np
+from matplotlib import ticker
 from matplotlib.figure import Figure
 
 # Okabe-Ito colours: distinguishable with the common colour-vision deficiencies.
@@ -224,3 +225,59 @@ def tau_chart(arms: list[str], tau: list[float | None], lows: list[float | None]
         ax.set_xlabel("tau (tokens per verification pass)")
         ax.legend(frameon=False, loc="lower right")
         return to_svg(fig, name, "tau per arm, replay with 95% intervals")
+
+
+def index_chart(specs: list[str], bytes_per_state: list[float], recall: list[float], exact_recall: float | None,
+                target_bytes: float = 128.0, name: str = "sweep-index") -> str:
+    """Semantic gap recall (%) against bytes per state (log x), one labelled point per index spec; a line at 95%
+    of exact's recall and one at the bytes-per-state target. A point inside both is drawn green."""
+    ninety_five = 0.95 * exact_recall if exact_recall is not None else None
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 3.6)
+        x = np.asarray(bytes_per_state, dtype=float)
+        y = np.asarray(recall, dtype=float)
+        good = (x <= target_bytes) & (y >= ninety_five) if ninety_five is not None else np.zeros(len(x), bool)
+        ax.scatter(x[~good], y[~good], color=BLUE, s=28, zorder=3)
+        ax.scatter(x[good], y[good], color=GREEN, s=36, zorder=3, marker="D")
+        for spec, xi, yi in zip(specs, x, y):
+            ax.annotate(spec, (xi, yi), xytext=(4, 4), textcoords="offset points", fontsize=7.5)
+        ax.set_xscale("log", base=2)
+        # plain numbers at powers of two (text.parse_math is off, so the default 10^k labels would show raw TeX)
+        ax.xaxis.set_major_locator(ticker.LogLocator(base=2))
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda v, _: f"{v:,.0f}" if v >= 1 else f"{v:g}"))
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.axvline(target_bytes, color=VERMILION, ls="--", lw=1, label=f"target: {target_bytes:g} B/state")
+        if ninety_five is not None:
+            ax.axhline(ninety_five, color=GREY, ls="--", lw=1, label=f"95% of exact's recall ({ninety_five:.1f}%)")
+        lo, hi = min(x.min(), target_bytes), max(x.max(), target_bytes)
+        ax.set_xlim(lo / 1.6, hi * 2.2)  # room for the labels right of the points
+        top = max([*y, ninety_five or 0.0])
+        ax.set_ylim(0, min(100.0, top * 1.15 + 1) if top > 0 else 1)
+        ax.set_xlabel("bytes per state (log scale)")
+        ax.set_ylabel("semantic gap recall, % of gap positions")
+        ax.legend(frameon=False, loc="best")
+        return to_svg(fig, name, "semantic gap recall against bytes per state")
+
+
+def budget_chart(labels: list[str], tokens: list[float], series: dict[str, list[float | None]],
+                 name: str = "sweep-budget") -> str:
+    """Percentages against the pool's budget in tokens (log x), one line per series; `tokens` already places an
+    unbounded pool (see render.budget_section) and `labels` name each point's tick ("10k", ..., "all")."""
+    colors = {"availability": BLUE, "gap": VERMILION, "semantic gap recall": GREEN}
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 3.4)
+        x = np.asarray(tokens, dtype=float)
+        for k, (label, vals) in enumerate(series.items()):
+            v = np.array([np.nan if u is None else u for u in vals], dtype=float)
+            ok = ~np.isnan(v)
+            ax.plot(x[ok], v[ok], "o-", color=colors.get(label, [ORANGE, SKY, PURPLE][k % 3]), lw=1.8, ms=4,
+                    label=label)
+        ax.set_xscale("log")
+        ax.set_xticks(x, labels)
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.set_xlim(x.min() / 1.5, x.max() * 1.5)
+        ax.set_ylim(0, 100)
+        ax.set_xlabel("pool budget, generated tokens (log scale)")
+        ax.set_ylabel("%")
+        ax.legend(frameon=False, ncols=len(series), loc="upper center", bbox_to_anchor=(0.5, -0.2))
+        return to_svg(fig, name, "what the pool's size buys: availability, gap and semantic gap recall by budget")

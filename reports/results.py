@@ -11,11 +11,16 @@ Layout read (written by the census and the decoder; only files are read, no code
   runs/<bench>/<model>/replay/<arm>/nodes-<N>/summary.json   ... one folder per node budget when the
                                                    replay ran several (then the arm folder holds only these)
   runs/<bench>/<model>/replay-warm/<arm>/...       replay with the warm pool (every other request's trace)
+  runs/<bench>/<model>/sweeps/index.json           `python -m census sweep-index`: gap recall per index spec
+  runs/<bench>/<model>/sweeps/budget.json          `python -m census sweep-budget`: the census per pool budget
 
 Folders whose name starts with "." are temporary (a folder being written) and are skipped.
 A census or an arm counts as a result when its summary.json exists. A summary.json that is not a
 JSON object, or a positions.parquet that cannot be read, is an error naming the file (nothing is
 rendered from half a result); optional blocks and columns that are missing are reported on the page.
+The sweeps are optional extras: a missing sweep file is simply not shown, and one that cannot be
+read (not JSON, not the documented shape) becomes a one-line note on the page, never an error;
+a non-finite or out-of-range number (NaN, Infinity, a share above 1) is read as "not known".
 """
 
 from __future__ import annotations
@@ -79,6 +84,7 @@ class Result:
     replay_nodes: dict[int, list[Arm]] = field(default_factory=dict)  # nodes -> arms, from replay/<arm>/nodes-<N>/
     replay_warm: list[Arm] = field(default_factory=list)  # replay-warm/, as replay
     replay_warm_nodes: dict[int, list[Arm]] = field(default_factory=dict)
+    sweeps: dict[str, "Sweep"] = field(default_factory=dict)  # "index" / "budget", only those whose file exists
 
     @property
     def has_decoder(self) -> bool:
@@ -96,7 +102,8 @@ class Result:
     def model_name(self) -> str:
         """The model as the run names it (alias, hub id or path), for display and the tokenizer."""
         for source in (self.meta, self.census.summary if self.census else None,
-                       *(a.summary for a in (self.arms + self.replay + self.replay_warm)[:1])):
+                       *(a.summary for a in (self.arms + self.replay + self.replay_warm)[:1]),
+                       *(s.meta for s in self.sweeps.values())):
             if source and isinstance(source.get("model"), str) and source["model"]:
                 return source["model"]
         return self.model
@@ -220,6 +227,98 @@ def read_arm(folder: Path, kind: str, pool: str = "past", nodes: int | None = No
     return Arm(name, folder, summary, shares, kind, pool, nodes)
 
 
+# ---------------------------------------------------------------- sweeps (python -m census sweep-*)
+
+@dataclass
+class Sweep:
+    """One sweep file: its rows (validated, numbers finite or None) or, when unreadable, the note why."""
+
+    kind: str  # "index" or "budget"
+    path: Path
+    meta: dict = field(default_factory=dict)  # the file's top-level scalars (bench, model, positions, ...)
+    rows: list[dict] = field(default_factory=list)
+    note: str | None = None  # set when the file could not be read: the page shows this one line instead
+    bad_values: int = 0  # numbers read as unknown (NaN, Infinity, out of range, wrong type)
+    dropped_rows: int = 0  # rows left out: not an object, or without their name (spec / budget)
+
+
+SWEEP_FILES = {"index": "index.json", "budget": "budget.json"}
+SWEEP_COMMANDS = {"index": "python -m census sweep-index", "budget": "python -m census sweep-budget"}
+SHARE, POSITIVE, NONNEG = "share", "positive", "nonneg"
+# per row: field -> the range a number must lie in (anything else reads as None)
+SWEEP_FIELDS = {
+    "index": {"bytes_per_state": POSITIVE, "gap_recall": SHARE, "gap_recall_ratio": NONNEG, "sem_hit_rate": SHARE,
+              "knn_recall": SHARE, "warmup_share": SHARE, "seconds": NONNEG},
+    "budget": {"budget_tokens": POSITIVE, "availability": SHARE, "producible": SHARE, "gap": SHARE,
+               "gap_recall": SHARE, "sem_hit_rate": SHARE, "mean_pool_tokens": NONNEG},
+}
+SWEEP_LABEL = {"index": "spec", "budget": "budget"}  # the string naming a row
+SWEEP_META = {"index": ("bench", "model", "positions", "gap_positions"), "budget": ("bench", "model")}
+
+
+def _in_range(v, rule: str) -> bool:
+    if not _finite(v):
+        return False
+    return {SHARE: 0 <= v <= 1, POSITIVE: v > 0, NONNEG: v >= 0}[rule]
+
+
+def read_sweep(path: Path, kind: str) -> Sweep:
+    """The sweep at `path` (which exists). Never raises for its content: an unreadable file gives a Sweep
+    with `note` set (one line), a bad number gives None in its row (counted in `bad_values`), and a row
+    that is not an object or lacks its name is dropped (counted in `dropped_rows`)."""
+    sweep = Sweep(kind, path)
+    try:
+        text = path.read_text(encoding="utf-8")
+        obj = json.loads(text)  # NaN / Infinity (Python's json writes them) parse, then fail _in_range
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        sweep.note = f"{path.parent.name}/{path.name} could not be read ({type(e).__name__}: {first})"
+        return sweep
+    rows = obj.get("rows") if isinstance(obj, dict) else None
+    if not isinstance(rows, list):
+        what = "not a JSON object" if not isinstance(obj, dict) else "has no list of rows"
+        sweep.note = f"{path.parent.name}/{path.name} could not be read ({what})"
+        return sweep
+    for key in SWEEP_META[kind]:
+        v = obj.get(key)
+        if isinstance(v, str) or (_finite(v) and v >= 0):
+            sweep.meta[key] = v
+        elif v is not None:
+            sweep.bad_values += 1
+    fields, label = SWEEP_FIELDS[kind], SWEEP_LABEL[kind]
+    for raw in rows:
+        name = raw.get(label) if isinstance(raw, dict) else None
+        if not isinstance(name, str) or not name:
+            sweep.dropped_rows += 1
+            continue
+        row = {label: name}
+        for key, rule in fields.items():
+            v = raw.get(key)
+            ok = _in_range(v, rule)
+            row[key] = float(v) if ok else None
+            # a null budget_tokens is the unbounded pool; a null knn_recall is "not computed": neither is bad
+            if not ok and not (v is None and key in ("budget_tokens", "knn_recall")):
+                sweep.bad_values += 1
+        if kind == "budget":
+            row["unbounded"] = raw.get("budget_tokens") is None
+        sweep.rows.append(row)
+    if not sweep.rows:
+        sweep.note = f"{path.parent.name}/{path.name} holds no usable rows"
+    return sweep
+
+
+def load_sweeps(folder: Path) -> dict[str, Sweep]:
+    """The sweeps under runs/<bench>/<model>/sweeps/ whose file exists, by kind."""
+    out = {}
+    for kind, name in SWEEP_FILES.items():
+        path = folder / "sweeps" / name
+        if path.is_file():
+            out[kind] = read_sweep(path, kind)
+        elif path.exists():  # a folder, say
+            out[kind] = Sweep(kind, path, note=f"sweeps/{name} is not a file")
+    return out
+
+
 NODES_DIR = re.compile(r"nodes-(\d+)")
 DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
 
@@ -285,11 +384,12 @@ def load_result(folder: Path) -> Result | None:
             result.arms.append(read_arm(adir, "live"))
     result.replay, result.replay_nodes = load_replay(folder / "replay", "past")
     result.replay_warm, result.replay_warm_nodes = load_replay(folder / "replay-warm", "warm")
-    return result if result.censuses or result.has_decoder else None
+    result.sweeps = load_sweeps(folder)
+    return result if result.censuses or result.has_decoder or result.sweeps else None
 
 
 def find_results(runs: Path) -> list[Result]:
-    """Every runs/<bench>/<model>/ with a census, decoder or replay result, sorted by (bench, model)."""
+    """Every runs/<bench>/<model>/ with a census, decoder, replay or sweep result, sorted by (bench, model)."""
     runs = Path(runs)
     if not runs.is_dir():
         raise OilbirdError(f"no results folder at {runs}: run `make census BENCH=...` (or `python -m census`) first")

@@ -2,7 +2,8 @@
 
 Nothing here is shared with the fast implementation: the pool is re-listed for every request,
 every n-gram question is answered by scanning every pooled trace, and every kNN by scoring every
-pool entry. Cosines are exact dot products (math.fsum) over the stored values.
+pool entry. Cosines are exact dot products (math.fsum) over the stored values. A store budget is
+replayed literally (traces join, the oldest leave), tenants by filtering the pool.
 """
 
 from __future__ import annotations
@@ -41,19 +42,43 @@ def _entry(tr, j: int):
     return int(tr.output[j - 1]), tr.hidden[j - 1], list(tr.topk[j - 1]), _valid(tr)[j - 1]
 
 
+def reference_windows(lengths: list[int], budget_tokens: int | None, low_water: float = 0.875) -> list[list[int]]:
+    """The requests each request's bounded pool holds, replayed: a request's trace joins when it is
+    served; a join that takes the pool above the budget makes the oldest traces leave until the pool
+    holds at most low_water x budget tokens."""
+    held: list[int] = []
+    windows = []
+    for r, n in enumerate(lengths):
+        windows.append(list(held))
+        held.append(r)
+        if budget_tokens is not None and sum(lengths[q] for q in held) > budget_tokens:
+            while held and sum(lengths[q] for q in held) > low_water * budget_tokens:
+                held.pop(0)
+    return windows
+
+
 def reference_census(traces, cfg, embeddings=None) -> list[dict]:
+    """Every position's answers (exact semantic key). cfg.store_budget in tokens, or in MB at 2 d + 4
+    bytes per token; tenants from Trace.tenant."""
+    from data.budget import parse_budget
+
     R = len(traces)
     start = [0]
     for tr in traces:
         start.append(start[-1] + len(tr.output))
     hashes = [tr.prompt_hash for tr in traces]
+    tenants = [getattr(tr, "tenant", "") or "" for tr in traces]
+    budget = parse_budget(getattr(cfg, "store_budget", None))
+    d = len(np.asarray(traces[0].prompt_last_hidden))
+    budget_tokens = None if budget is None else budget.in_tokens(2 * d + 4)
+    windows = reference_windows([len(tr.output) for tr in traces], budget_tokens)
     C = cfg.candidates
     rows = []
     for r, tr in enumerate(traces):
         if cfg.pool == "past":
-            pool = [q for q in range(r) if hashes[q] != hashes[r]]
+            pool = [q for q in windows[r] if hashes[q] != hashes[r] and tenants[q] == tenants[r]]
         else:
-            pool = [q for q in range(R) if q != r and hashes[q] != hashes[r]]
+            pool = [q for q in range(R) if q != r and hashes[q] != hashes[r] and tenants[q] == tenants[r]]
         seqs = [[int(x) for x in traces[q].output] for q in pool]
         entries = []
         for q in pool:

@@ -682,6 +682,253 @@ def test_live_summary_with_both_share_definitions(tmp_path):
     assert cls == "enable" and "3.50 [3.20–3.80]" in text
 
 
+# ---------------------------------------------------------------- sweeps (python -m census sweep-index / -budget)
+
+def index_sweep(**override) -> dict:
+    """sweeps/index.json as `python -m census sweep-index` writes it."""
+    rows = [
+        {"spec": "exact", "bytes_per_state": 2304.0, "gap_recall": 0.4, "gap_recall_ratio": 1.0, "sem_hit_rate": 0.3,
+         "knn_recall": 1.0, "warmup_share": 0.0, "seconds": 1.5},
+        {"spec": "sq8", "bytes_per_state": 576.0, "gap_recall": 0.39, "gap_recall_ratio": 0.975,
+         "sem_hit_rate": 0.29, "knn_recall": 0.95, "warmup_share": 0.1, "seconds": 2.0},
+        {"spec": "pq64", "bytes_per_state": 64.0, "gap_recall": 0.385, "gap_recall_ratio": 0.9625,
+         "sem_hit_rate": 0.28, "knn_recall": 0.8, "warmup_share": 0.2, "seconds": 3.25},
+        {"spec": "ivf256,pq32,nprobe=16", "bytes_per_state": 32.0, "gap_recall": 0.3, "gap_recall_ratio": 0.75,
+         "sem_hit_rate": 0.2, "knn_recall": None, "warmup_share": 0.3, "seconds": 4.0},
+    ]
+    return {"bench": "toy", "model": "toy-model", "positions": 143, "gap_positions": 15, "rows": rows, **override}
+
+
+def budget_sweep(**override) -> dict:
+    """sweeps/budget.json as `python -m census sweep-budget` writes it (rows in any order)."""
+    rows = [
+        {"budget": "all", "budget_tokens": None, "availability": 0.8, "producible": 0.6, "gap": 0.2,
+         "gap_recall": 0.4, "sem_hit_rate": 0.3, "mean_pool_tokens": 50000.0},
+        {"budget": "10k", "budget_tokens": 10000, "availability": 0.6, "producible": 0.45, "gap": 0.15,
+         "gap_recall": 0.3, "sem_hit_rate": 0.25, "mean_pool_tokens": 8000.0},
+        {"budget": "100k", "budget_tokens": 100000, "availability": 0.78, "producible": 0.58, "gap": 0.2,
+         "gap_recall": 0.39, "sem_hit_rate": 0.31, "mean_pool_tokens": 45000.5},
+    ]
+    return {"bench": "toy", "model": "toy-model", "rows": rows, **override}
+
+
+def write_sweeps(runs: Path, index: dict | str | None = None, budget: dict | str | None = None) -> Path:
+    folder = runs / "toy" / "toy-model" / "sweeps"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, content in (("index.json", index), ("budget.json", budget)):
+        if content is not None:
+            (folder / name).write_text(content if isinstance(content, str) else json.dumps(content))
+    return folder
+
+
+class Cells(HTMLParser):
+    """The rows of every table: the text of each cell, per row (header rows included)."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.rows: list[list[str]] = []
+        self._cell: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None:
+            self.rows[-1].append("".join(self._cell))
+            self._cell = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def sweep_block(page: str, sid: str) -> str | None:
+    m = re.search(rf'<section id="{sid}">(.*?)</section>', page, re.S)
+    return m.group(1) if m else None
+
+
+def table_rows(block: str) -> dict[str, list[str]]:
+    """{first cell: the row's cells} of the table(s) in `block`."""
+    p = Cells()
+    p.feed(block)
+    return {row[0]: row for row in p.rows if row}
+
+
+def block_text(block: str) -> str:
+    return re.sub(r"\s+", " ", "".join(parse(re.sub(r"<svg.*?</svg>", "", block, flags=re.S)).text))
+
+
+def test_sweep_sections_state_the_numbers(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_sweeps(runs, index_sweep(), budget_sweep())
+    page = render_one(runs)
+    assert_offline(page)
+    ids = [a["id"] for _, a in parse(page).tags if "id" in a]
+    assert len(ids) == len(set(ids))  # the two new charts clash with no other
+    # after the census's threshold sweep, before the case viewer
+    assert page.index('id="threshold"') < page.index('id="sweep-index"') < page.index('id="sweep-budget"') \
+        < page.index('id="cases"')
+
+    block = sweep_block(page, "sweep-index")
+    assert 'aria-label="semantic gap recall against bytes per state"' in block
+    rows = table_rows(block)
+    assert rows["spec"][:4] == ["spec", "bytes/state", "gap recall", "vs exact"]
+    assert rows["exact"] == ["exact", "2,304", "40.0%", "1.000×", "30.0%", "100.0%", "0.00%", "1.50", "–"]
+    assert rows["sq8"] == ["sq8", "576", "39.0%", "0.975×", "29.0%", "95.0%", "10.0%", "2", "no"]
+    assert rows["pq64"] == ["pq64", "64", "38.5%", "0.963×", "28.0%", "80.0%", "20.0%", "3.25", "yes"]
+    assert rows["ivf256,pq32,nprobe=16"] == ["ivf256,pq32,nprobe=16", "32", "30.0%", "0.750×", "20.0%", "n/a",
+                                             "30.0%", "4", "no"]
+    assert list(rows)[1:] == ["exact", "sq8", "pq64", "ivf256,pq32,nprobe=16"]  # exact first, then by size
+    text = block_text(block)
+    assert "143 positions, 15 gap positions" in text
+    assert ("The smallest spec within 128 B/state that keeps 95% of exact's gap recall: pq64, 64 B/state, gap recall "
+            "38.5% (0.963× exact's 40.0%).") in text
+    svg = re.search(r"<svg.*?</svg>", block, re.S).group(0)
+    for label in ("exact", "sq8", "pq64", "ivf256,pq32,nprobe=16", "target: 128 B/state",
+                  "95% of exact's recall (38.0%)", "128", "2,048"):
+        assert f">{label}</text>" in svg, label  # a labelled point per spec, both lines, plain ticks
+    assert "mathdefault" not in svg  # tick labels as plain numbers
+
+    block = sweep_block(page, "sweep-budget")
+    assert "What the pool&#x27;s size buys" in block and 'aria-label="what the pool&#x27;s size buys' in block
+    rows = table_rows(block)
+    assert list(rows)[1:] == ["10k", "100k", "all"]  # by budget, the unbounded pool last
+    assert rows["10k"] == ["10k", "10,000", "8,000", "60.0%", "45.0%", "15.0%", "30.0%", "25.0%"]
+    assert rows["100k"] == ["100k", "100,000", "45,000.5", "78.0%", "58.0%", "20.0%", "39.0%", "31.0%"]
+    assert rows["all"] == ["all", "unbounded", "50,000", "80.0%", "60.0%", "20.0%", "40.0%", "30.0%"]
+    text = block_text(block)
+    assert ("Unbounded pool: availability 80.0%, gap 20.0%, semantic gap recall 40.0%. The smallest budget keeping "
+            "95% of that recall: 100k.") in text
+    svg = re.search(r"<svg.*?</svg>", block, re.S).group(0)
+    for label in ("10k", "100k", "all", "availability", "gap", "semantic gap recall"):
+        assert f">{label}</text>" in svg, label  # the budgets as ticks ('all' at the right end), three lines
+    assert "not available" not in text and "n/a" not in text
+
+    # the index and pages across results are unchanged by the sweeps; other pools' pages do not repeat them
+    pages = render_site(find_results(runs), token_text=nasty_text())
+    for p in pages.values():
+        assert_offline(p)
+    assert "sweep-index" in pages["toy__toy-model.html"] and "sweep-index" not in pages["index.html"]
+
+
+def test_sweep_sections_absent_without_their_files(tmp_path, toy_page):
+    def silent(page):
+        return ('id="sweep-' not in page and "Index compression" not in page and "bytes per state" not in page
+                and "size buys" not in page and "sweeps/" not in page)
+
+    assert silent(toy_page)
+    runs = make_runs(tmp_path, decode=False)
+    (runs / "toy" / "toy-model" / "sweeps").mkdir()  # an empty sweeps/ folder says nothing either
+    assert silent(render_one(runs))
+    write_sweeps(runs, budget=budget_sweep())  # one file: only its section
+    page = render_one(runs)
+    assert 'id="sweep-budget"' in page and 'id="sweep-index"' not in page
+
+
+def test_sweep_text_is_escaped(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    evil = ["<script>alert(1)</script>", '<img src=x onerror=alert(1)> "q" & more', "</code></td><b>pq8</b>"]
+    index = index_sweep()
+    for row, spec in zip(index["rows"][1:], evil):
+        row["spec"] = spec
+    budget = budget_sweep()
+    budget["rows"][1]["budget"] = "<i>10k</i>"
+    write_sweeps(runs, index, budget)
+    page = render_one(runs)
+    tags = assert_offline(page)
+    assert not any(t in ("script", "img", "b", "i") for t, _ in tags.tags)
+    text = "".join(tags.text)
+    for s in evil + ["<i>10k</i>"]:
+        assert s in text, s
+    rows = table_rows(sweep_block(page, "sweep-index"))
+    assert rows[evil[0]][1:3] == ["576", "39.0%"] and rows[evil[2]][1] == "32"
+    assert table_rows(sweep_block(page, "sweep-budget"))["<i>10k</i>"][1] == "10,000"
+    svg = re.search(r"<svg.*?</svg>", sweep_block(page, "sweep-index"), re.S).group(0)
+    assert ">&lt;script&gt;alert(1)&lt;/script&gt;</text>" in svg  # the chart's label, escaped too
+
+
+def test_corrupt_or_odd_sweeps_give_a_note(tmp_path):
+    from reports.__main__ import main
+
+    runs = make_runs(tmp_path, decode=False)
+    write_sweeps(runs, index="{not json", budget="[1, 2]")
+    page = render_one(runs)
+    assert_offline(page)
+    text = block_text(sweep_block(page, "sweep-index"))
+    assert text.startswith("Index compression") and "Traceback" not in page
+    assert ("not available: sweeps/index.json could not be read (JSONDecodeError: Expecting property name "
+            "enclosed in double quotes: line 1 column 2 (char 1)); rerun `python -m census sweep-index`") in text
+    assert "<svg" not in sweep_block(page, "sweep-index") and "<table" not in sweep_block(page, "sweep-index")
+    text = block_text(sweep_block(page, "sweep-budget"))
+    assert "not available: sweeps/budget.json could not be read (not a JSON object); rerun `python -m census " \
+           "sweep-budget`" in text
+    # the command line renders the page all the same
+    out = tmp_path / "html"
+    assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 0
+    assert "sweeps/index.json could not be read" in (out / "toy__toy-model.html").read_text()
+
+    # no rows, rows not a list, unreadable bytes: one line each
+    for content, why in (('{"rows": []}', "holds no usable rows"), ('{"rows": {"a": 1}}', "has no list of rows"),
+                         (b"\xff\xfe{", "could not be read (UnicodeDecodeError")):
+        path = runs / "toy" / "toy-model" / "sweeps" / "index.json"
+        path.write_bytes(content if isinstance(content, bytes) else content.encode())
+        assert why in block_text(sweep_block(render_one(runs), "sweep-index")), why
+
+    # NaN, Infinity and out-of-range numbers read as n/a with a note; the rest still shows
+    index = index_sweep()
+    index["rows"][1]["gap_recall"] = float("nan")  # json.dumps writes NaN
+    index["rows"][2]["bytes_per_state"] = float("inf")
+    index["rows"][3]["knn_recall"] = 1.7
+    index["rows"].append({"bytes_per_state": 8.0})  # no spec: left out
+    index["rows"].append("a string row")
+    budget = budget_sweep()
+    budget["rows"][1]["budget_tokens"] = float("nan")  # a bounded budget of unknown size: table only
+    budget["rows"][2]["availability"] = -0.5
+    write_sweeps(runs, json.dumps(index), json.dumps(budget))
+    assert "NaN" in (runs / "toy" / "toy-model" / "sweeps" / "index.json").read_text()
+    page = render_one(runs)
+    assert_offline(page)
+    block = sweep_block(page, "sweep-index")
+    rows = table_rows(block)
+    assert rows["sq8"][1:4] == ["576", "n/a", "0.975×"] and rows["pq64"][1:3] == ["n/a", "38.5%"]
+    assert rows["ivf256,pq32,nprobe=16"][5] == "n/a"
+    text = block_text(block)
+    assert "3 value(s) in sweeps/index.json were missing or not finite numbers in range" in text
+    assert "2 row(s) without a spec name were left out" in text
+    assert "2 row(s) lack a number the chart needs and are in the table only" in text
+    svg = re.search(r"<svg.*?</svg>", block, re.S).group(0)
+    assert ">exact</text>" in svg and ">ivf256,pq32,nprobe=16</text>" in svg
+    assert ">sq8</text>" not in svg and ">pq64</text>" not in svg  # no recall / no size: not placed
+    block = sweep_block(page, "sweep-budget")
+    rows = table_rows(block)
+    assert list(rows)[1:] == ["100k", "10k", "all"]  # the budget of unknown size sorts after the known ones
+    assert rows["10k"][1] == "n/a" and rows["100k"][3] == "n/a" and rows["all"][1] == "unbounded"
+    text = block_text(block)
+    assert "2 value(s) in sweeps/budget.json were missing or not finite numbers in range" in text
+    assert "1 row(s) lack a number the chart needs and are in the table only" in text
+    assert "<svg" in block
+
+
+def test_sweeps_alone_make_a_result(tmp_path):
+    runs = tmp_path / "runs"
+    write_sweeps(runs, index_sweep() | {"rows": index_sweep()["rows"][:1]},
+                 budget_sweep() | {"rows": budget_sweep()["rows"][:1]})
+    (result,) = find_results(runs)
+    assert result.census is None and not result.has_decoder and set(result.sweeps) == {"index", "budget"}
+    pages = render_site([result], token_text=nasty_text())
+    for page in pages.values():
+        assert_offline(page)
+    page = pages["toy__toy-model.html"]
+    text = block_text(sweep_block(page, "sweep-index"))
+    assert "Only exact was swept (gap recall 40.0%): no compressed spec to hold to it." in text
+    assert table_rows(sweep_block(page, "sweep-budget"))["all"][1] == "unbounded"
+    assert "<svg" in sweep_block(page, "sweep-budget")  # one point, at the right end, labelled all
+    assert "no census under toy/toy-model/" in "".join(parse(page).text)
+
+
 # ---------------------------------------------------------------- the command line
 
 def test_cli_writes_site_and_fails_cleanly(tmp_path, capsys):

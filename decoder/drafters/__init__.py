@@ -7,7 +7,10 @@ Every drafter is a thin class around pure functions in its module and offers, be
     likewise (`pld.PoolNgramIndex`);
   - `add_trace(output_tokens, prompt_hash=None)`: put a finished trace in the pool (None: never
     excluded). `end_request(prompt, output, hidden)` is add_trace(output, prompt_hash(prompt)),
-    so a `--warm-from` store fed through end_request is keyed like served requests.
+    so a `--warm-from` store fed through end_request is keyed like served requests;
+  - `evict_traces(count)`: forget the oldest `count` pooled traces (one per end_request / add_trace,
+    empty ones included), the --store-budget window (decoder/pools.py); state that is not a trace
+    pool (the adjacency table, bounded by the vocabulary; the ring buffer, by its capacity) stays.
 
     make_drafter("lexical", vocab_size=lm.vocab_size, nodes=60, adjacency_reserve=16)
 
@@ -50,6 +53,9 @@ class NullDrafter:
     def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         pass
 
+    def evict_traces(self, count: int) -> None:
+        pass
+
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         pass
 
@@ -82,8 +88,11 @@ def arm_names() -> list[str]:
     return [*DRAFTERS, *PRESETS]
 
 
-def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, **options):
-    """A fresh drafter for arm `name`; `options` set fields of that drafter's Config dataclass."""
+def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, shared: dict | None = None, **options):
+    """A fresh drafter for arm `name`; `options` set fields of that drafter's Config dataclass.
+
+    `shared` sets the same fields on every arm whose Config has them and is ignored by the others:
+    how a run's `--index` spec reaches every arm with a semantic pool (the Oilbird presets)."""
     base, preset = PRESETS.get(name, (name, {}))
     cls = DRAFTERS.get(base)
     if cls is None:
@@ -91,6 +100,7 @@ def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, **options):
     if vocab_size <= 0 or nodes < 0:
         raise OilbirdError(f"drafter {name!r} needs vocab_size > 0 and nodes >= 0 (got {vocab_size}, {nodes})")
     fields = {f.name for f in dataclasses.fields(cls.Config)}
+    options = {**{k: v for k, v in (shared or {}).items() if k in fields}, **options}
     unknown = sorted(set(options) - fields)
     if unknown:
         raise OilbirdError(f"drafter {name!r} has no option {', '.join(unknown)}; "

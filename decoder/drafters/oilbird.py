@@ -18,8 +18,10 @@ The engine verifies the tree and commits the accepted path and the bonus token; 
 feeds the adjacency table, the rejected-branch ring buffer and self-calibration; `end_request`
 appends the finished trace's generated tokens and states to the pool (same-prompt traces are masked
 out of every query). The states come from the verification forwards (`VerifyResult.hidden`), never
-from an extra pass. The first pass of a request has no h_t (the prefill computes no state at the
-last prompt token), so it drafts without the key and the rollouts.
+from an extra pass. `index` picks the key's index (exact float16 matrix by default, or a faiss spec,
+see `SemanticPool`); `evict_traces` drops the oldest traces from every pool (--store-budget). The
+first pass of a request has no h_t (the prefill computes no state at the last prompt token), so it
+drafts without the key and the rollouts.
 
 Sources (attribution labels): spine, branch, adjacency (the lexical host), pld / recycling (the
 transplant hosts), semantic (the key), rollout (the ring buffer), pool (a transplant host's own exact
@@ -106,6 +108,9 @@ class OilbirdConfig:
     calib_window: int = 32  # self-calibration (see semantic.SelfCalibration): buying passes judged; 0 = off
     calib_min_hit_rate: float = 1 / 32  # muted below this hit rate over a full window
     calib_cooldown: int = 64  # passes a muted key skips before it returns
+    index: str = "exact"  # the key's index (data/stateindex.py spec): exact = the float16 matrix; faiss otherwise
+    index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
+    knn_recall_every: int = 8  # faiss index: every Nth trained query also runs exactly (knn_recall); 0 = off
 
 
 # arm name -> OilbirdConfig options
@@ -179,7 +184,7 @@ class OilbirdDrafter:
         self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
         # the +pool rungs: the pool under the host's own key (pld: n-grams <= pld_max_ngram; recycling: 1-grams)
         self.host_pool = (PoolNgramIndex(c.pld_max_ngram if c.host == "pld" else 1) if c.host_pool else None)
-        self.pool = SemanticPool()
+        self.pool = SemanticPool(c.index, c.knn_recall_every, c.index_train_size or None)
         self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
         self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
         self.h_t: np.ndarray | None = None  # the query state: what the last verification left
@@ -200,6 +205,21 @@ class OilbirdDrafter:
         if self.host_pool is not None:
             self.host_pool.add_trace(output_tokens, prompt_hash)
         self.pool.add_trace(output_tokens, hidden, prompt_hash, key_state)
+
+    def evict_traces(self, count: int) -> None:
+        """--store-budget: the oldest `count` traces leave every pool (automaton, host pool, states);
+        the adjacency table, the ring buffer and self-calibration are not trace pools and stay."""
+        if self.index is not None:
+            self.index.evict_traces(count)
+        if self.host_pool is not None:
+            self.host_pool.evict_traces(count)
+        self.pool.evict_traces(count)
+
+    @property
+    def untimed_s(self) -> float:
+        """Seconds of measurement-only work (the knn_recall shadow queries) inside propose: the pass
+        loops leave them out of the drafting time."""
+        return self.pool.shadow_s
 
     def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
         h = hash_prompt(list(prompt))
@@ -245,7 +265,7 @@ class OilbirdDrafter:
         c = self.config
         if not c.semantic or c.key_level == "null" or self.h_t is None or not self.calibration.allow():
             return []
-        t0 = time.perf_counter()
+        t0, shadow0 = time.perf_counter(), self.pool.shadow_s
         self.counters["key_queries"] += 1
         if c.key_level == "request":
             chains = self._request_key_chains(context)
@@ -261,7 +281,7 @@ class OilbirdDrafter:
                     depth = lambda s, r: copy_depth(s, c.depth_schedule)  # noqa: E731
                 chains = semantic_chains(scores, self.pool.row_flat[rows], self.pool.row_end[rows], self.pool.tokens,
                                          depth, c.offset, c.min_chain)
-        self.counters["semantic_time_s"] += time.perf_counter() - t0
+        self.counters["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
         self.counters["key_chains"] += len(chains)
         return chains
 
@@ -388,4 +408,5 @@ class OilbirdDrafter:
             "ring_bytes": self.ring.nbytes(),
             "host_pool": self.host_pool is not None,
             "host_pool_tokens": self.host_pool.n_tokens if self.host_pool is not None else 0,
+            **self.pool.index_info(),
         }

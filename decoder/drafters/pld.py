@@ -83,6 +83,7 @@ class PoolNgramIndex:
         self._n_groups = 0
         self.n_traces = 0
         self.n_tokens = 0  # trace tokens (separators not counted)
+        self._traces: list[tuple[Hashable | None, int, int]] = []  # per add_trace: group, span in `tokens`
 
     def group_id(self, group: Hashable | None, create: bool = False) -> int:
         """The internal id of `group` (NO_GROUP if unknown and not created; None always gets a fresh id)."""
@@ -97,6 +98,7 @@ class PoolNgramIndex:
 
     def add_trace(self, tokens: Sequence[int], group: Hashable | None = None) -> None:
         if not len(tokens):
+            self._traces.append((group, 0, 0))  # counted, so evict_traces counts requests
             return
         gid = self.group_id(group, create=True)
         if self.tokens:
@@ -104,6 +106,7 @@ class PoolNgramIndex:
             self.group.append(-1)
         start = len(self.tokens)
         self.tokens.extend(int(t) for t in tokens)
+        self._traces.append((group, start, len(self.tokens)))
         self.group.extend([gid] * len(tokens))
         self.n_traces += 1
         self.n_tokens += len(tokens)
@@ -118,6 +121,16 @@ class PoolNgramIndex:
                 if grp[entry[0]] != gid:
                     entry[1] = entry[0]
                 entry[0] = j
+
+    def evict_traces(self, count: int) -> None:
+        """Drop the oldest `count` traces (--store-budget): the index is rebuilt from the others."""
+        count = min(count, len(self._traces))
+        if count <= 0:
+            return
+        tokens, kept = self.tokens, self._traces[count:]
+        self.__init__(self.max_ngram)
+        for group, a, b in kept:
+            self.add_trace(tokens[a:b], group)
 
     def occurrence(self, ngram: Sequence[int], excluded: int = NO_GROUP) -> int:
         """The most recent end position of `ngram` outside internal group `excluded` (-1 if none)."""
@@ -163,6 +176,9 @@ class PldDrafter:
 
     def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         pass  # prompt lookup reads only the current request
+
+    def evict_traces(self, count: int) -> None:
+        pass  # no cross-request pool
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         self.index = NgramIndex(self.config.max_ngram)

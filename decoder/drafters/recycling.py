@@ -126,6 +126,9 @@ class RecyclingDrafter:
     def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         pass  # the table is filled by verification forwards, not by traces
 
+    def evict_traces(self, count: int) -> None:
+        pass  # no trace pool: the table is bounded by the vocabulary and kept
+
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         pass  # the table persists across requests, as in Token Recycling
 

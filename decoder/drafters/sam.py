@@ -209,11 +209,14 @@ class AutomatonIndex:
         self.excluded_counts: dict[int, int] = {}
         self._pool_state = self._pool_matched = 0
         self._pool_stale = False
+        self._traces: list[tuple[Hashable | None, int, int]] = []  # per add_trace: prompt hash, text span
+        self._excluded_hash: Hashable | None = None
 
     # pool side
     def add_trace(self, tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         """A finished trace (generated tokens only) enters the pool; None = never excluded."""
         if not len(tokens):
+            self._traces.append((prompt_hash, 0, 0))  # counted, so evict_traces counts requests
             return
         if prompt_hash is None:
             group = self._new_group()
@@ -226,8 +229,25 @@ class AutomatonIndex:
         for t in tokens:
             self.pool.extend(int(t), group)
         self._spans.setdefault(group, []).append((start, len(self.pool.text)))
+        self._traces.append((prompt_hash, start, len(self.pool.text)))
         if group == self.excluded:
             self._exclude(group)
+        self._pool_stale = True
+
+    def evict_traces(self, count: int) -> None:
+        """Drop the oldest `count` traces: the pool automaton is rebuilt from the others (an automaton
+        cannot forget), which the --store-budget window asks for once per eighth of the budget."""
+        count = min(count, len(self._traces))
+        if count <= 0:
+            return
+        text, kept = self.pool.text, self._traces[count:]
+        self.pool = SuffixAutomaton()
+        self._group_of, self._spans, self._n_groups, self._traces = {}, {}, 0, []
+        self.excluded, self.excluded_counts = NO_GROUP, {}
+        for h, a, b in kept:
+            self.add_trace(text[a:b], h)
+        if self._excluded_hash is not None:
+            self._exclude(self._group_of.get(self._excluded_hash, NO_GROUP))
         self._pool_stale = True
 
     def _new_group(self) -> int:
@@ -250,6 +270,7 @@ class AutomatonIndex:
         """Start indexing a request; pool traces added under its prompt hash are not drafted from."""
         if prompt_hash is None:
             prompt_hash = hash_prompt(prompt)
+        self._excluded_hash = prompt_hash
         self._exclude(self._group_of.get(prompt_hash, NO_GROUP))
         self.request = SuffixAutomaton()
         self._pool_state = self._pool_matched = 0
@@ -375,6 +396,10 @@ class AutomatonPoolDrafter:
 
     def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
         self.index.add_trace(output, hash_prompt(prompt))
+
+    def evict_traces(self, count: int) -> None:
+        """--store-budget: forget the oldest `count` pooled traces."""
+        self.index.evict_traces(count)
 
 
 @dataclass

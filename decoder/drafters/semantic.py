@@ -109,11 +109,31 @@ def semantic_chains(scores: Sequence[float], flat: Sequence[int], ends: Sequence
 
 
 class SemanticPool:
-    """Per-position states of finished traces (float16, normalised), their tokens, their prompt groups."""
+    """Per-position states of finished traces (normalised), their tokens, their prompt groups.
 
-    def __init__(self) -> None:
+    `index` names the cosine index (data/stateindex.py). "exact" (default) is the float16 matrix
+    above. Any other spec keeps the states in a `data.stateindex.StateIndex` (faiss) instead, with
+    row numbers as ids (they only grow; `row_base` is the id of the first row still held) and the
+    excluded prompt group passed as id ranges. With `recall_every` > 0 a faiss pool also keeps the
+    float16 matrix as a shadow, measurement only (left out of `nbytes`): every `recall_every`-th
+    query answered by the trained index is repeated exactly over the same rows and recall@k of the
+    rows is counted (`recall_hits` / `recall_total`), its time kept apart in `shadow_s`.
+
+    `evict_traces(n)` drops the oldest n traces (one per `add_trace` call, empty ones included):
+    the --store-budget window (data/budget.py). The arrays are compacted, so memory follows the
+    pool; a faiss index drops its rows with `evict_below`.
+    """
+
+    def __init__(self, index: str = "exact", recall_every: int = 0, train_size: int | None = None) -> None:
+        from data.stateindex import parse_index_spec
+
+        self.spec = parse_index_spec(index)  # checked again with the state width at the first row
+        self.recall_every = max(0, int(recall_every)) if not self.spec.exact else 0
+        self.train_size = train_size
+        self.index = None  # StateIndex of a faiss spec, built at the first row (it needs d)
+        self.row_base = 0  # StateIndex id of local row 0 (rows evicted so far)
         self.d: int | None = None
-        self.matrix: torch.Tensor | None = None  # [capacity, d] float16; rows [0, n) in use
+        self.matrix: torch.Tensor | None = None  # [capacity, d] float16; rows [0, n) in use (the shadow for faiss)
         self.n = 0
         self.row_flat = np.zeros(0, np.int64)  # row -> flat index of the token its state was computed on
         self.row_end = np.zeros(0, np.int64)  # row -> flat end (exclusive) of its trace
@@ -124,9 +144,13 @@ class SemanticPool:
         self.trace_keys: list[np.ndarray] = []  # per trace: its request-level key (normalised float32)
         self.trace_group: list[int] = []
         self.trace_span: list[tuple[int, int]] = []  # per trace: flat [lo, hi)
+        self._traces: list[tuple[int, int, int, int, bool]] = []  # per add_trace: flat lo, hi, row lo, hi, keyed
         self._excluded_group = -1
         self._excluded_rows: torch.Tensor | None = None
         self._excluded_at = -1  # pool size the exclusion index was built for
+        self.queries = 0  # queries answered by a trained faiss index (the recall sample is drawn from these)
+        self.recall_queries = self.recall_hits = self.recall_total = self.recall_k = 0
+        self.shadow_s = 0.0
 
     def group(self, prompt_hash: Hashable | None) -> int:
         if prompt_hash is None:  # never excluded: a group of its own
@@ -137,14 +161,16 @@ class SemanticPool:
                   key_state: np.ndarray | None = None) -> int:
         """Append a finished trace; rows for its positions with a (non-zero) state. Returns rows added."""
         n_tok = len(tokens)
-        if n_tok == 0:
-            return 0
         lo = self.n_tokens
+        if n_tok == 0:
+            self._traces.append((lo, lo, self.n, self.n, False))
+            return 0
         self.tokens = _grow_np(self.tokens, lo + n_tok)
         self.tokens[lo : lo + n_tok] = np.asarray(tokens, np.int32)
         self.n_tokens += n_tok
         g = self.group(prompt_hash)
         if hidden is None or len(hidden) == 0:
+            self._traces.append((lo, lo + n_tok, self.n, self.n, False))
             return 0
         states = normalise(np.asarray(hidden)[:n_tok])
         valid = np.flatnonzero(np.abs(states).sum(axis=1) > 0)
@@ -158,11 +184,21 @@ class SemanticPool:
             self.trace_group.append(g)
             self.trace_span.append((lo, lo + n_tok))
         k = len(valid)
+        r0 = self.n
+        self._traces.append((lo, lo + n_tok, r0, r0 + k, key is not None))
         if k == 0:
             return 0
-        r0 = self.n
-        self.matrix = _grow(self.matrix, r0 + k, self.d)
-        self.matrix[r0 : r0 + k] = torch.from_numpy(states[valid]).to(torch.float16)
+        if self.spec.exact or self.recall_every:
+            self.matrix = _grow(self.matrix, r0 + k, self.d)
+            self.matrix[r0 : r0 + k] = torch.from_numpy(states[valid]).to(torch.float16)
+        if not self.spec.exact:
+            if self.index is None:
+                from data.stateindex import StateIndex, parse_index_spec
+
+                self.spec = parse_index_spec(self.spec.text, self.d)
+                self.index = StateIndex(self.spec, self.d, self.train_size)
+            ids = np.arange(self.row_base + r0, self.row_base + r0 + k, dtype=np.int64)
+            self.index.add(states[valid], ids)
         self.row_flat = _grow_np(self.row_flat, r0 + k)
         self.row_end = _grow_np(self.row_end, r0 + k)
         self.row_flat[r0 : r0 + k] = lo + valid
@@ -188,6 +224,20 @@ class SemanticPool:
         """(similarities, rows) of the k nearest rows by cosine, decreasing; excluded rows never appear."""
         if self.n == 0 or k <= 0:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        if self.index is None:
+            return self._exact_query(state, k)
+        base = self.row_base
+        spans = [(lo + base, hi + base) for lo, hi in self._group_rows.get(self._excluded_group, [])]
+        ids, scores = self.index.search(np.asarray(state, np.float32).reshape(1, -1), k, lo=base, exclude=spans)
+        keep = ids[0] >= 0
+        s, rows = scores[0][keep].astype(np.float32), ids[0][keep] - base
+        if self.index.trained:
+            self.queries += 1
+            if self.recall_every and (self.queries - 1) % self.recall_every == 0:
+                self._shadow(state, k, rows)
+        return s, rows
+
+    def _exact_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         q = torch.from_numpy(normalise(state).reshape(-1)).to(torch.float16)
         scores = self.matrix[: self.n] @ q
         excluded = self._excluded()
@@ -197,6 +247,49 @@ class SemanticPool:
         s = top.values.float().numpy()
         keep = np.isfinite(s)
         return s[keep], top.indices.numpy()[keep]
+
+    def _shadow(self, state: np.ndarray, k: int, rows: np.ndarray) -> None:
+        """recall@k of `rows` against the exact float16 query over the same rows (measurement only)."""
+        import time
+
+        t0 = time.perf_counter()
+        truth = self._exact_query(state, k)[1]
+        self.recall_queries += 1
+        self.recall_k = max(self.recall_k, k)
+        self.recall_hits += len(set(truth.tolist()) & set(rows.tolist()))
+        self.recall_total += len(truth)
+        self.shadow_s += time.perf_counter() - t0
+
+    def evict_traces(self, count: int) -> None:
+        """Drop the oldest `count` traces (their tokens, rows, keys); row numbers of the rest shift down."""
+        count = min(count, len(self._traces))
+        if count <= 0:
+            return
+        kept = self._traces[count:]
+        t0 = kept[0][0] if kept else self.n_tokens
+        r0 = kept[0][2] if kept else self.n
+        dropped_keys = sum(keyed for *_, keyed in self._traces[:count])
+        self._traces = [(a - t0, b - t0, c - r0, d - r0, keyed) for a, b, c, d, keyed in kept]
+        n_tok, n = self.n_tokens - t0, self.n - r0
+        self.tokens = self.tokens[t0 : self.n_tokens].copy() if n_tok else np.zeros(0, np.int32)
+        self.n_tokens = n_tok
+        self.row_flat = self.row_flat[r0 : self.n] - t0
+        self.row_end = self.row_end[r0 : self.n] - t0
+        if self.matrix is not None:  # rebuilt, not sliced: a view would keep the evicted rows alive
+            old, self.matrix = self.matrix, None
+            if n:
+                self.matrix = _grow(None, n, self.d)
+                self.matrix[:n] = old[r0 : r0 + n]
+        if self.index is not None:
+            self.index.evict_below(self.row_base + r0)
+        self.row_base += r0
+        self.n = n
+        spans = {g: [(a - r0, b - r0) for a, b in sp if a >= r0] for g, sp in self._group_rows.items()}
+        self._group_rows = {g: sp for g, sp in spans.items() if sp}  # a span is one whole trace: kept or gone
+        self.trace_keys = self.trace_keys[dropped_keys:]
+        self.trace_group = self.trace_group[dropped_keys:]
+        self.trace_span = [(a - t0, b - t0) for a, b in self.trace_span[dropped_keys:]]
+        self._excluded_at = -1
 
     def nearest_traces(self, state: np.ndarray, top: int) -> list[tuple[float, int]]:
         """The request-level key: (similarity, trace) of the `top` traces nearest by their trace key."""
@@ -212,10 +305,40 @@ class SemanticPool:
         lo, hi = self.trace_span[trace]
         return self.tokens[lo:hi].tolist()
 
+    def bytes_per_state(self) -> float | None:
+        """Bytes one state costs in the index: 2 d for the float16 matrix, the faiss index's own count
+        (data.stateindex: serialized bytes per kept state, float32 during its warm-up) otherwise."""
+        if self.d is None:
+            return None
+        if self.index is None:
+            return 2.0 * self.d
+        return float(self.index.bytes_per_state()) if self.n else None
+
+    def index_info(self) -> dict:
+        """The index's figures for summary.json (raw sums, so per-tenant pools can be added up)."""
+        idx = self.index
+        return {
+            "index": self.spec.text,
+            "bytes_per_state": self.bytes_per_state(),
+            "index_fixed_bytes": idx.fixed_bytes() if idx is not None else 0,
+            "index_trained": idx.trained if idx is not None else None,
+            "warmup_queries": idx.warmup_queries if idx is not None else 0,
+            "knn_recall_queries": self.recall_queries,
+            "knn_recall_hits": self.recall_hits,
+            "knn_recall_total": self.recall_total,
+            "knn_recall_every": self.recall_every,
+            "knn_recall_k": self.recall_k,
+            "knn_shadow_s": self.shadow_s,
+        }
+
     def nbytes(self) -> int:
-        """Bytes of the store as used: states (float16), tokens (int32), row pointers (int64)."""
+        """Bytes of the store as used: states (float16, or the faiss index's codes and fixed part), tokens
+        (int32), row pointers (int64)."""
         d = self.d or 0
-        return self.n * (2 * d + 16) + 4 * self.n_tokens
+        if self.index is None:
+            return self.n * (2 * d + 16) + 4 * self.n_tokens
+        per_state = self.bytes_per_state() or 0.0
+        return int(round(self.n * (per_state + 16))) + self.index.fixed_bytes() + 4 * self.n_tokens
 
 
 def ngram_continuation(trace: NgramIndex, context: Sequence[int], depth: int) -> Chain:

@@ -1,0 +1,243 @@
+"""`make bench-scale`: the census and the decoder's retrieval over a 1M-position store.
+
+The store: a real trace store (default API-Bank, SmolLM2; 67,324 positions) tiled until it holds
+--positions positions. Tile 0 is the store itself. Every later tile k is a disguised copy: its token
+ids go through a random permutation of the vocabulary, its states through a random orthogonal
+rotation plus Gaussian noise (--noise x the rows' rms), and its prompts change with its tokens, so
+its prompt hashes differ. The tiles are interleaved in serving order (request r of every tile, then
+request r + 1), like 15 independent streams of traffic mixed in one deployment, so an index trained
+on the first states sees every stream. Each tile has the statistics of real traffic (the same
+repetition within the tile, real state geometry), while no tile can draft from another (its
+tokens are another vocabulary, its states point elsewhere): it is the workload of a 1M-position
+pool, not new evidence about recall. The tiled store is written once under
+runs/scale-<bench>-<N>/<model>/traces and reused.
+
+Measured, in one run:
+  1. census of the whole tiled store with --index (default the best sweep spec), as a child
+     process: wall time, its peak RSS, the seconds per part; against the targets 10 min / 8 GB;
+  2. lexical linearity: the lexical seconds per position at 1M against the source store's census
+     (the same code on 67k positions) — a ratio near 1 is linear;
+  3. decoder retrieval: one query (batch 1, as the decoder asks once per pass) against a pool of
+     --positions states, with --index and with the exact float16 product the decoder uses by
+     default, median over --queries queries; as a share of this machine's cycle (the verify
+     forward at --nodes nodes from the decoder's profile, at its largest profiled context).
+
+Usage: python benchmarks/bench_scale.py [--bench apibank] [--model smollm2-135m] [--positions 1000000]
+  [--index SPEC] [--noise 0.02] [--queries 200] [--nodes 60] [--recall-sample 512] [--skip-census] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from data.errors import OilbirdError, cli_entry
+from data.models import model_slug
+from data.store import StoreWriter, TraceRecord, open_store, prompt_hash, store_dir
+
+DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
+
+
+def tile_records(store, k: int, tiles: int, rng: np.random.Generator, noise: float, vocab: int) -> list[TraceRecord]:
+    """Tile k of the store (k = 0: the store itself)."""
+    req = store.requests
+    d = store.d_model
+    if k == 0:
+        perm = np.arange(vocab)
+        rot = None
+    else:
+        perm = rng.permutation(vocab)
+        rot, _ = np.linalg.qr(rng.standard_normal((d, d)))
+        rot = rot.astype(np.float32)
+    hidden = store.hidden.astype(np.float32)
+    last = store.prompt_last_hidden.astype(np.float32)
+    if rot is not None:
+        scale = noise * float(np.sqrt(np.mean(hidden[store.hidden_valid] ** 2)))
+        hidden = (hidden @ rot + scale * rng.standard_normal(hidden.shape).astype(np.float32)).astype(np.float16)
+        last = (last @ rot + scale * rng.standard_normal(last.shape).astype(np.float32)).astype(np.float16)
+    R = store.n_requests
+    ids = req["id"].to_list()
+    groups = req["group"].to_list()
+    records = []
+    for r in range(R):
+        lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
+        prompt = perm[np.asarray(store.prompt(r), np.int64)]
+        out = perm[store.tokens(r).astype(np.int64)]
+        records.append(TraceRecord(
+            request=r * tiles + k, id=f"{ids[r]}~{k}", group=f"{groups[r]}~{k}", prompt_hash=prompt_hash(prompt),
+            prompt_tokens=prompt.tolist(), output_tokens=out.tolist(), stop_reason="length",
+            seconds=0.0, hidden=hidden[lo:hi], hidden_valid=store.hidden_valid[lo:hi],
+            topk=perm[store.topk[lo:hi].astype(np.int64)], prompt_last_hidden=last[r],
+            prompt_last_topk=perm[store.prompt_last_topk[r].astype(np.int64)]))
+    return records
+
+
+def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int = 0) -> dict:
+    store = open_store(src, load_hidden=True)
+    n = int(store.offsets[-1])
+    tiles = math.ceil(positions / n)
+    if (dst / "meta.json").exists():
+        have = json.loads((dst / "meta.json").read_text())
+        if have.get("complete") and have.get("scale", {}).get("tiles") == tiles \
+                and have["scale"].get("noise") == noise and have["scale"].get("order") == "interleaved":
+            return have["scale"]
+    vocab = int(max(store.positions["token"].max(), store.topk.max(),
+                    max(max(p) for p in store.requests["prompt_tokens"].to_list()))) + 1
+    content = ("checksums", "n_requests", "complete", "format", "pending", "prompt_tokens_reused", "runs",
+               "seconds_total", "scale")  # what describes the source's rows, not its settings
+    meta = {k: v for k, v in store.meta.items() if k not in content}
+    meta["bench"] = dst.parent.parent.name
+    meta["data_fingerprint"] = f"{store.meta.get('data_fingerprint')}-tiles{tiles}-noise{noise}"
+    meta["max_new_tokens"] = store.meta.get("max_new_tokens")
+    w = StoreWriter(dst, meta, force=True)
+    rng = np.random.default_rng(seed)
+    t0 = time.perf_counter()
+    per_tile = []
+    for k in range(tiles):
+        per_tile.append(tile_records(store, k, tiles, rng, noise, vocab))
+        print(f"  tile {k + 1}/{tiles} made ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    R = store.n_requests
+    step = max(1, 4096 // tiles)
+    for lo in range(0, R, step):  # serving order: request r of every tile, then r + 1
+        w.append([per_tile[k][r] for r in range(lo, min(R, lo + step)) for k in range(tiles)])
+        print(f"  requests {min(R, lo + step) * tiles}/{R * tiles} written ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
+    scale = {"source": str(src), "tiles": tiles, "noise": noise, "positions": tiles * n, "requests": tiles * R,
+             "order": "interleaved"}
+    w.finish(scale=scale)
+    return scale
+
+
+def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, recall_sample: int) -> dict:
+    cmd = [sys.executable, "-m", "census", "--bench", bench, "--model", model, "--out", out, "--index", index,
+           "--no-embeddings", "--bootstrap", str(bootstrap), "--recall-sample", str(recall_sample)]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress bar shows on stderr
+    wall = time.perf_counter() - t0
+    if proc.returncode:
+        raise OilbirdError(f"the census of the scaled store failed (exit {proc.returncode}; its error is above)")
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
+    summary = json.loads((Path(out) / bench / model_slug(model) / "census" / "summary.json").read_text())
+    return {"wall_s": round(wall, 1), "peak_rss_gib": round(peak, 2), "summary": summary}
+
+
+def retrieval(states: np.ndarray, index: str, queries: int, seed: int = 0) -> dict:
+    """Median single-query latency against `states`: the index, and the exact float16 product."""
+    from data.stateindex import StateIndex, unit
+
+    rng = np.random.default_rng(seed)
+    q_rows = rng.choice(len(states), queries, replace=False)
+    qs = unit(states[q_rows]) + 0.01 * rng.standard_normal((queries, states.shape[1])).astype(np.float32)
+    t0 = time.perf_counter()
+    ix = StateIndex(index, states.shape[1])
+    for lo in range(0, len(states), 65536):
+        ix.add(states[lo:lo + 65536], np.arange(lo, min(len(states), lo + 65536)))
+    build_s = time.perf_counter() - t0
+    times = []
+    for q in qs:
+        t = time.perf_counter()
+        ix.search(q[None], 8)
+        times.append(time.perf_counter() - t)
+    mat = torch.from_numpy(unit(states)).to(torch.float16)
+    exact = []
+    for q in qs[: max(10, queries // 10)]:
+        qq = torch.from_numpy(q).to(torch.float16)
+        t = time.perf_counter()
+        (mat @ qq).topk(8)
+        exact.append(time.perf_counter() - t)
+    return {"pool": len(states), "index": ix.spec.text, "build_s": round(build_s, 1),
+            "bytes_per_state": round(ix.bytes_per_state(), 1),
+            "index_query_ms": round(1e3 * float(np.median(times)), 3),
+            "exact_fp16_query_ms": round(1e3 * float(np.median(exact)), 3)}
+
+
+@cli_entry
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_scale.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", default="apibank")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", default="runs")
+    ap.add_argument("--positions", type=int, default=1_000_000)
+    ap.add_argument("--index", default=DEFAULT_INDEX)
+    ap.add_argument("--noise", type=float, default=0.02)
+    ap.add_argument("--queries", type=int, default=200)
+    ap.add_argument("--nodes", type=int, default=60)
+    ap.add_argument("--bootstrap", type=int, default=200)
+    ap.add_argument("--recall-sample", type=int, default=512, help="positions whose neighbours are checked against exact")
+    ap.add_argument("--skip-census", action="store_true")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    slug = model_slug(args.model)
+    src = store_dir(args.out, args.bench, slug)
+    if not (src / "meta.json").exists():
+        raise OilbirdError(f"no trace store at {src}: run `make census BENCH={args.bench}` first")
+    scaled_bench = f"scale-{args.bench}-{args.positions // 1000}k"
+    dst = store_dir(args.out, scaled_bench, slug)
+    t0 = time.perf_counter()
+    scale = build_scaled(src, dst, args.positions, args.noise)
+    print(f"store: {scale['positions']:,} positions in {scale['requests']:,} requests ({scale['tiles']} tiles of "
+          f"{args.bench}), built or reused in {time.perf_counter() - t0:.0f} s: {dst}")
+    result = {"store": scale, "index": args.index}
+
+    if not args.skip_census:
+        c = run_census(scaled_bench, args.model, args.out, args.index, args.bootstrap, args.recall_sample)
+        s = c.pop("summary")
+        parts = s["timing"]["parts_s"]
+        c.update(positions=s["positions"], parts_s=parts, index=s.get("index"),
+                 gap=s.get("gap"), recall=s.get("recall"))
+        base = Path(args.out) / args.bench / slug / "census" / "summary.json"
+        if base.exists():
+            b = json.loads(base.read_text())
+            bl = b["timing"]["parts_s"].get("lexical")
+            if bl:
+                per_small = bl / b["positions"]
+                per_large = parts.get("lexical", float("nan")) / s["positions"]
+                c["lexical_us_per_position"] = {"source": round(1e6 * per_small, 2), "scaled": round(1e6 * per_large, 2),
+                                                "ratio": round(per_large / per_small, 2)}
+        result["census"] = c
+        print(f"census, {s['positions']:,} positions, --index {args.index}: {c['wall_s']:.0f} s wall "
+              f"(target <= 600 s), peak RSS {c['peak_rss_gib']:.2f} GiB (target <= 8)")
+        print("  parts: " + ", ".join(f"{k} {v:.0f} s" for k, v in parts.items()))
+        if "lexical_us_per_position" in c:
+            lx = c["lexical_us_per_position"]
+            print(f"  lexical: {lx['scaled']} us/position at this size vs {lx['source']} on {args.bench} alone "
+                  f"(x{lx['ratio']}; 1 = linear)")
+
+    store = open_store(dst, load_hidden=True)
+    states = store.hidden[store.hidden_valid][: args.positions].astype(np.float32)
+    del store
+    r = retrieval(states, args.index, args.queries)
+    from decoder.profile import CostModel, default_profile_path
+
+    prof_path = default_profile_path(args.out, slug, "cpu")
+    if Path(prof_path).exists():
+        cost = CostModel.load(prof_path)
+        ctx = int(max(cost.contexts))
+        cycle = float(cost.verify_s(args.nodes, ctx))
+        r.update(cycle_ms=round(1e3 * cycle, 1), cycle_from=f"{prof_path} (verify {args.nodes} nodes, context {ctx})",
+                 index_share=round(r["index_query_ms"] / (1e3 * cycle), 4),
+                 exact_share=round(r["exact_fp16_query_ms"] / (1e3 * cycle), 4))
+    result["retrieval"] = r
+    line = (f"decoder retrieval, pool {r['pool']:,} states: {r['index']} {r['index_query_ms']:.2f} ms/query "
+            f"({r['bytes_per_state']} B/state, built in {r['build_s']:.0f} s); exact float16 {r['exact_fp16_query_ms']:.1f} ms")
+    if "cycle_ms" in r:
+        line += (f"; of a {r['cycle_ms']:.0f} ms cycle: {100 * r['index_share']:.2f}% vs {100 * r['exact_share']:.1f}% "
+                 f"(target <= 3%)")
+    print(line)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    sys.exit(main())

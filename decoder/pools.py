@@ -1,0 +1,250 @@
+"""Whose traces a request drafts from: the semantic key's index, the bounded pool, the tenants.
+
+Three settings, shared by the decoder (`python -m decoder`) and replay (`python -m decoder replay`):
+
+  --index SPEC        the semantic key's index (data/stateindex.py). `exact` (default) is the
+                      float16 matrix of decoder/drafters/semantic.py, unchanged; any other spec
+                      keeps the states in a faiss `StateIndex`. It reaches every arm with a
+                      semantic pool through `make_drafter(shared={"index": ...})`.
+  --store-budget B    the pool holds at most B generated tokens (or B megabytes at the stated
+                      bytes per token, `budget_bytes_per_token`), whole traces in serving order:
+                      request r drafts only from requests s(r) .. r-1 with s = data.budget's
+                      `window_starts` (the one definition: when a join takes the pool above B the
+                      oldest traces leave until it holds <= 7/8 B). Past pool only.
+  tenants             a request's `tenant` (data.benchmarks.Request, the store's `tenant` column;
+                      "" when absent): one drafter per tenant, so no request ever drafts from
+                      another tenant's traces (nor from its adjacency rows or ring buffer). The
+                      budget window is global, over serving order (data/budget.py); each tenant's
+                      drafter holds its own traces inside it.
+
+`TenantPools` is the one implementation both loops use: `begin(r, tenant)` before request r moves
+the window (evicting with `drafter.evict_traces`) and returns the tenant's drafter; `end(...)`
+records what the finished request added.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import math
+import re
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from data.budget import check_budget, parse_budget, window_starts
+from data.errors import OilbirdError
+from data.stateindex import IndexSpec, parse_index_spec
+
+SETTINGS = ("knn_recall_every", "knn_recall_k")  # drafter stats that are settings: merged by max, not summed
+ROW_POINTER_BYTES = 16  # per state: its flat token index and its trace end (int64 each)
+TOKEN_BYTES = 4  # per pooled token (int32)
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """The pool as a run configures it (defaults: today's unbounded exact pool)."""
+
+    index: str = "exact"  # --index: the semantic key's index spec (data/stateindex.py)
+    budget_tokens: int | None = None  # --store-budget in tokens; None = unbounded
+    knn_recall_every: int = 8  # faiss index: every Nth trained query is repeated exactly (knn_recall); 0 = off
+    index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
+
+    def shared(self) -> dict:
+        """The Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
+        return {"index": self.index, "knn_recall_every": self.knn_recall_every,
+                "index_train_size": self.index_train_size}
+
+
+def check_index(text: str | None, d: int | None) -> IndexSpec:
+    """The parsed --index spec (one line on a bad one, or when faiss is missing for a faiss spec)."""
+    spec = parse_index_spec(text or "exact", d)
+    if not spec.exact:
+        if importlib.util.find_spec("faiss") is None:
+            raise OilbirdError(f"--index {spec.text} needs faiss (pip install faiss-cpu); "
+                               "--index exact needs nothing")
+    return spec
+
+
+def warmup_note(spec: IndexSpec, train_size: int, most_states: float) -> str | None:
+    """A note when a trained coder can never train: the pool never holds the states it collects first,
+    so every query is answered exactly from its warm-up buffer (what `warmup_queries` then counts)."""
+    need = max(spec.train_min, train_size or spec.train_size)
+    if spec.exact or need == 0 or most_states >= need:
+        return None
+    return (f"index {spec.text} trains once it holds {need} states and the pool never holds more than "
+            f"{int(most_states)}: every query is answered exactly from its warm-up buffer (warmup_queries)")
+
+
+def nominal_state_bytes(spec: IndexSpec, d: int) -> float:
+    """Bytes per state a spec's codes take, stated before any training (for budgets in MB): the
+    coder's code size on the (projected) width, plus 8 for an ivf's stored id and 8 M for an hnsw's
+    level-0 links. The measured figure (StateIndex.bytes_per_state) lands in summary.json."""
+    if spec.exact:
+        return 2.0 * d
+    parts = spec.text.split(",")
+    width = d
+    for p in parts:
+        m = re.fullmatch(r"pca(\d+)", p)
+        if m:
+            width = int(m.group(1))
+    size = 4.0 * width  # Flat storage
+    for p in parts:
+        m = re.fullmatch(r"pq(\d+)(x(\d+))?", p)
+        if m:
+            size = math.ceil(int(m.group(1)) * int(m.group(3) or 8) / 8)
+        elif p in ("sq8", "sq6", "sq4", "fp16"):
+            size = math.ceil(width * {"sq8": 8, "sq6": 6, "sq4": 4, "fp16": 16}[p] / 8)
+    for p in parts:
+        if p.startswith("ivf"):
+            size += 8
+        m = re.fullmatch(r"hnsw(\d+)", p)
+        if m:
+            size += 8 * int(m.group(1))
+    return float(size)
+
+
+def budget_bytes_per_token(spec: IndexSpec, d: int) -> float:
+    """The stated bytes one pooled token costs: its state's code, its row pointers, the token itself
+    (the exact float16 pool: 2 d + 20, what `store_bytes_per_token` reports when every token has a state)."""
+    return nominal_state_bytes(spec, d) + ROW_POINTER_BYTES + TOKEN_BYTES
+
+
+def resolve_budget(text: str | None, spec: IndexSpec, d: int, pool: str = "past",
+                   warm: bool = False) -> tuple[int | None, dict | None]:
+    """(budget in tokens or None, its summary.json block) for a --store-budget value."""
+    budget = parse_budget(text)
+    if budget is None:
+        return None, None
+    if warm or pool != "past":
+        raise OilbirdError(f"--store-budget bounds the past pool; it cannot be combined with a warm pool "
+                           f"({'--warm-from' if warm else '--pool ' + pool})")
+    per_token = budget_bytes_per_token(spec, d) if budget.tokens is None else None
+    tokens = budget.in_tokens(per_token)
+    if tokens < 1:
+        raise OilbirdError(f"--store-budget {text}: less than one token at {per_token:.0f} bytes per token")
+    # a budget in MB is turned into tokens at the stated bytes per token, recorded beside it
+    if not spec.evictable:
+        raise OilbirdError(f"--index {spec.text} cannot evict (faiss HNSW has no removal): a --store-budget "
+                           "needs a flat-code or ivf spec")
+    return tokens, {"text": str(text), "tokens": tokens, "megabytes": budget.megabytes,
+                    "bytes_per_token": per_token}
+
+
+class TenantPools:
+    """One drafter per tenant, each holding its tenant's traces inside the budget window (module docstring)."""
+
+    def __init__(self, make: Callable[[], Any], budget_tokens: int | None = None) -> None:
+        self.make = make
+        self.budget = budget_tokens
+        self.drafters: dict[str, Any] = {}
+        self.lengths: list[int] = []  # tokens each finished request added to its pool, serving order
+        self.start = 0  # the first request of the current window
+        self.held = 0  # tokens of requests start .. served-1 (every tenant's)
+        self.pooled: dict[str, collections.deque] = {}  # tenant -> its pooled requests, oldest first
+        self.starts: list[int] = []  # s(r) per request begun
+        self.max_pool_tokens = 0
+        self.evictions = 0  # window moves
+        self.evicted = 0  # traces dropped
+
+    def drafter(self, tenant: str):
+        if tenant not in self.drafters:
+            d = self.make()
+            if self.budget is not None and not hasattr(d, "evict_traces"):
+                raise OilbirdError(f"drafter {getattr(d, 'name', type(d).__name__)} cannot evict traces, "
+                                   "so it cannot honour --store-budget")
+            self.drafters[tenant] = d
+            self.pooled[tenant] = collections.deque()
+        return self.drafters[tenant]
+
+    def warm(self, tenant: str, n_tokens: int):
+        """The tenant's drafter, for a warm trace of `n_tokens` (a warm pool has no budget window)."""
+        self.held += int(n_tokens)
+        return self.drafter(tenant)
+
+    def begin(self, r: int, tenant: str):
+        """Before serving request r: move the window to s(r), evict, return the tenant's drafter."""
+        if r != len(self.lengths):
+            raise ValueError(f"request {r} begun after {len(self.lengths)} finished: serve in order")
+        if self.budget is not None and self.held > self.budget:
+            # the window only moves when a join took the pool above the budget; data.budget says where to
+            s = self.start + int(window_starts(self.lengths[self.start:] + [0], self.budget)[-1])
+            for t, q in self.pooled.items():
+                n = 0
+                while q and q[0] < s:
+                    q.popleft()
+                    n += 1
+                if n:
+                    self.drafters[t].evict_traces(n)
+                    self.evicted += n
+            self.held -= sum(self.lengths[self.start:s])
+            self.start = s
+            self.evictions += 1
+        self.starts.append(self.start)
+        self.max_pool_tokens = max(self.max_pool_tokens, self.held)
+        return self.drafter(tenant)
+
+    def end(self, r: int, tenant: str, n_tokens: int) -> None:
+        """Request r's trace joined its tenant's pool (after the drafter's end_request)."""
+        check_budget(self.budget, [n_tokens])
+        self.lengths.append(int(n_tokens))
+        self.pooled[tenant].append(r)
+        self.held += int(n_tokens)
+
+    def stats(self) -> dict | None:
+        """The drafters' counters, added up over tenants (None when no drafter has any)."""
+        return merge_stats([d.stats() for d in self.drafters.values() if hasattr(d, "stats")])
+
+    def summary(self) -> dict:
+        """summary.json's pool fields: tenants, the budget in tokens, the largest pool (tokens, every
+        tenant's) any request was served beside, and how often the window moved."""
+        return {"tenants": len(self.drafters), "store_budget_tokens": self.budget,
+                "max_pool_tokens": self.max_pool_tokens, "pool_evictions": self.evictions,
+                "evicted_traces": self.evicted}
+
+
+def merge_stats(stats: list[dict]) -> dict | None:
+    """Per-tenant drafter counters as one: numbers add, flags or, text the first; ratios recomputed."""
+    stats = [s for s in stats if s]
+    if len(stats) <= 1:
+        return stats[0] if stats else None
+    out: dict = {}
+    for key in dict.fromkeys(k for s in stats for k in s):
+        vals = [s.get(key) for s in stats if s.get(key) is not None]
+        if not vals:
+            out[key] = None
+        elif key in SETTINGS:
+            out[key] = max(vals)
+        elif all(isinstance(v, bool) for v in vals):
+            out[key] = any(vals)
+        elif all(isinstance(v, (int, float)) for v in vals):
+            out[key] = sum(vals)
+        else:
+            out[key] = vals[0]
+    states = [(s.get("bytes_per_state"), s.get("pool_states") or 0) for s in stats]
+    weighted = [(b, n) for b, n in states if b is not None and n]
+    out["bytes_per_state"] = (sum(b * n for b, n in weighted) / sum(n for _, n in weighted) if weighted
+                              else next((b for b, _ in states if b is not None), None))
+    if "index_trained" in out:
+        flags = [s.get("index_trained") for s in stats if s.get("index_trained") is not None]
+        out["index_trained"] = all(flags) if flags else None
+    tokens = out.get("pool_tokens")
+    out["store_bytes_per_token"] = out["store_bytes"] / tokens if tokens and "store_bytes" in out else None
+    return out
+
+
+def index_summary(stats: dict | None, spec: IndexSpec | str) -> dict:
+    """summary.json's index block for an arm: the spec, bytes per state, warm-up queries, knn_recall."""
+    has_states = bool(stats) and "bytes_per_state" in stats and bool(stats.get("pool_states"))
+    recall = None
+    if has_states and stats.get("knn_recall_queries"):
+        total = stats["knn_recall_total"]
+        recall = {"value": stats["knn_recall_hits"] / total if total else None, "k": stats.get("knn_recall_k"),
+                  "queries": stats["knn_recall_queries"], "every": stats.get("knn_recall_every"),
+                  "hits": stats["knn_recall_hits"], "total": total,
+                  "definition": "recall@k of the rows against an exact float16 query over the same rows, "
+                                "on every Nth query the trained index answered"}
+    return {"index": spec if isinstance(spec, str) else spec.text,
+            "bytes_per_state": stats.get("bytes_per_state") if has_states else None,
+            "warmup_queries": stats.get("warmup_queries") if has_states else None,
+            "index_trained": stats.get("index_trained") if has_states else None,
+            "knn_recall": recall}
