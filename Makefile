@@ -21,7 +21,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget clean
+.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations clean
 
 install: $(STAMP)
 
@@ -85,6 +85,10 @@ bench-oilbird: $(STAMP)
 
 bench-replay: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# the ablation table and the transplant ladder, by replay over the whole store (pool past)
+ablations: $(STAMP)
+	$(PY) -m decoder ablations --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
 
 # the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
 bench-scale: $(STAMP)

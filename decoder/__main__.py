@@ -45,6 +45,10 @@ def main(argv: list[str] | None = None) -> int:
         from decoder.replay import replay_main
 
         return replay_main(argv[1:])
+    if argv and argv[0] == "ablations":
+        from decoder.ablations import main as ablations_main
+
+        return ablations_main(argv[1:])
     if argv and argv[0] == "profile":
         from decoder.profile import profile_main
 

@@ -94,6 +94,8 @@ class ReplayConfig:
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
     knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
+    results_dir: str | None = None  # where the arm folders go (default runs/<bench>/<model>/replay[-warm])
+    pair_against: str | None = None  # every arm's paired tau gain against this arm (default: PAIRED, oilbird vs oilbird-no-semantic)
 
 
 # ---------------------------------------------------------------- the store as the verifier
@@ -254,9 +256,14 @@ def resolve_arms(arms: Sequence[str]) -> list[str]:
         return known
     if not names:
         raise OilbirdError(f"--arms is empty; give e.g. {','.join(DECISION_ARMS)} (or all)")
+    from decoder.drafters import make_drafter, parse_variant
+
     for a in names:
-        if a not in known:
-            raise OilbirdError(f"unknown arm '{a}' for replay; known: {', '.join(known)} (or all)")
+        if parse_variant(a)[0] not in known:
+            raise OilbirdError(f"unknown arm '{a}' for replay; known: {', '.join(known)} (or all; a variant "
+                               "as arm@field=value, e.g. oilbird@theta=0.7)")
+        if "@" in a:
+            make_drafter(a, vocab_size=2, nodes=1)  # a bad field or value fails here, before any work
     dupes = sorted({a for a in names if names.count(a) > 1})
     if dupes:
         raise OilbirdError(f"--arms names {', '.join(dupes)} twice")
@@ -478,8 +485,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
             per_request_time[(arm, nodes)] = (ar_r, arm_r)
         summaries[(arm, nodes)] = s
     for (arm, nodes), s in summaries.items():
-        other = PAIRED.get(arm)
-        if other is None:
+        other = PAIRED.get(arm) if cfg.pair_against is None else cfg.pair_against
+        if other is None or other == arm:
             continue
         if (other, nodes) not in runs:
             s["paired_gain_note"] = f"replay {other} in the same command for the paired gain"
@@ -537,7 +544,7 @@ def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> 
     """One folder per arm, written whole and swapped in (decoder.harness.write_folder)."""
     from decoder.harness import cycles_table, write_folder
 
-    root = replay_dir(cfg.out, cfg.bench, slug, cfg.pool)
+    root = Path(cfg.results_dir) if cfg.results_dir else replay_dir(cfg.out, cfg.bench, slug, cfg.pool)
     for arm in dict.fromkeys(a for a, _ in summaries):
         files: dict = {}
         for nodes in cfg.nodes:

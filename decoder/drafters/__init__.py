@@ -88,18 +88,66 @@ def arm_names() -> list[str]:
     return [*DRAFTERS, *PRESETS]
 
 
+def parse_variant(name: str) -> tuple[str, dict[str, str]]:
+    """An arm variant `arm@field=value:field=value` (e.g. `oilbird@theta=0.7:k=4`): the arm and the
+    Config fields it overrides, values as written (`variant_options` converts them)."""
+    arm, _, tail = name.partition("@")
+    opts: dict[str, str] = {}
+    for part in [p for p in tail.split(":") if p] if tail else []:
+        key, eq, value = part.partition("=")
+        if not eq or not key or not value:
+            raise OilbirdError(f"arm variant {name!r}: write arm@field=value[:field=value...], e.g. oilbird@theta=0.7")
+        opts[key] = value
+    if "@" in name and not opts:
+        raise OilbirdError(f"arm variant {name!r} sets no field; e.g. oilbird@theta=0.7")
+    return arm, opts
+
+
+def _convert(name: str, key: str, text: str, default):
+    """A variant's value in the type of the field's default: bool (on/off), int, float, str, a depth
+    schedule `0.9x48_0.82x8` (threshold x depth, '_' between steps) or a list of ints `16_8_4`."""
+    try:
+        if isinstance(default, bool):
+            if text.lower() not in ("on", "off", "true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("on", "true", "1")
+        if isinstance(default, int):
+            return int(text)
+        if isinstance(default, float):
+            return float(text)
+        if isinstance(default, str):
+            return text
+        if key == "depth_schedule":
+            return tuple((float(t), int(d)) for t, d in (step.split("x") for step in text.split("_")))
+        if key == "rank_depths":
+            return tuple(int(v) for v in text.split("_"))
+    except ValueError:
+        pass
+    raise OilbirdError(f"arm variant {name!r}: cannot read {key}={text!r} (as {type(default).__name__}"
+                       + ("; depth schedule as 0.9x48_0.82x8" if key == "depth_schedule" else "") + ")")
+
+
 def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, shared: dict | None = None, **options):
     """A fresh drafter for arm `name`; `options` set fields of that drafter's Config dataclass.
 
     `shared` sets the same fields on every arm whose Config has them and is ignored by the others:
-    how a run's `--index` spec reaches every arm with a semantic pool (the Oilbird presets)."""
-    base, preset = PRESETS.get(name, (name, {}))
+    how a run's `--index` spec reaches every arm with a semantic pool (the Oilbird presets).
+    `name` may be a variant, `arm@field=value:...` (parse_variant): the arm with those fields set."""
+    arm, written = parse_variant(name)
+    base, preset = PRESETS.get(arm, (arm, {}))
     cls = DRAFTERS.get(base)
     if cls is None:
         raise OilbirdError(f"unknown drafter {name!r}; choose from {', '.join(arm_names())}")
     if vocab_size <= 0 or nodes < 0:
         raise OilbirdError(f"drafter {name!r} needs vocab_size > 0 and nodes >= 0 (got {vocab_size}, {nodes})")
     fields = {f.name for f in dataclasses.fields(cls.Config)}
+    if written:
+        defaults = cls.Config(**preset)
+        bad = sorted(set(written) - fields)
+        if bad:
+            raise OilbirdError(f"arm variant {name!r}: {arm} has no field {', '.join(bad)}; "
+                               f"fields: {', '.join(sorted(fields)) or 'none'}")
+        options = {**{k: _convert(name, k, v, getattr(defaults, k)) for k, v in written.items()}, **options}
     options = {**{k: v for k, v in (shared or {}).items() if k in fields}, **options}
     unknown = sorted(set(options) - fields)
     if unknown:

@@ -1,0 +1,128 @@
+"""`python -m decoder ablations` (`make ablations`): the paper's ablation table and transplant ladder,
+by replay over a whole trace store (pool past), in one command.
+
+Ablations (every arm paired with `oilbird`, the merged tree, on the same requests: tau ratio and
+its joint request-bootstrap interval):
+  draft sources removed   oilbird-no-semantic (lexical only), semantic-only, semantic-null (the null
+                          control: root branching declared, nothing retrieved)
+  the merge itself        oilbird-root-attached (each retrieved chain its own root branch)
+  the key                 oilbird-request-key (one query per request), oilbird-fixed-depth (depth by rank)
+  knobs (arm variants, `arm@field=value`, decoder/drafters/__init__.py):
+                          theta 0.7 / 0.9 (the entry floor), calib_window=0 (self-calibration off),
+                          rollouts=0 (ring buffer off), retrieval_budget 8 / 32 (B_ret), k 4 / 16,
+                          a shallower depth schedule 0.9x16_0.82x4 (default 0.9x48_0.82x8)
+Transplant ladder (paper: three published drafters at three rungs): pld and recycling at base,
++pool (the host's own exact key over the pool) and +key (the semantic key added), each with tau and
+its interval.
+
+Not here: one source chosen per step instead of merged (SAM-Decoding's rule) has no arm yet. In
+replay the ring buffer records nothing, so rollouts=0 equals oilbird there (decoder/replay.py).
+Results: runs/<bench>/<model>/ablations/<arm>/ (replay's folders) and ablations.json beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+from data.errors import OilbirdError, cli_entry
+from data.models import model_slug
+from data.store import atomic_write_json, store_dir
+
+MERGED = "oilbird"
+ABLATIONS = (
+    ("lexical only", "oilbird-no-semantic"),
+    ("semantic only", "semantic-only"),
+    ("null control", "semantic-null"),
+    ("root-attached instead of merged", "oilbird-root-attached"),
+    ("request-level key", "oilbird-request-key"),
+    ("fixed depth by rank", "oilbird-fixed-depth"),
+    ("entry floor theta 0.7", "oilbird@theta=0.7"),
+    ("entry floor theta 0.9", "oilbird@theta=0.9"),
+    ("self-calibration off", "oilbird@calib_window=0"),
+    ("ring buffer off", "oilbird@rollouts=0"),
+    ("B_ret 8", "oilbird@retrieval_budget=8"),
+    ("B_ret 32", "oilbird@retrieval_budget=32"),
+    ("k 4", "oilbird@k=4"),
+    ("k 16", "oilbird@k=16"),
+    ("shallow depth schedule", "oilbird@depth_schedule=0.9x16_0.82x4"),
+)
+LADDER = (("pld", ("pld", "pld+pool", "pld+key")), ("recycling", ("recycling", "recycling+pool", "recycling+key")))
+
+
+def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int, progress: bool) -> dict:
+    from decoder.replay import ReplayConfig, run_replay
+
+    arms = [MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs)]
+    folder = store_dir(out, bench, model_slug(model)).parent / "ablations"
+    cfg = ReplayConfig(bench=bench, model=model, arms=tuple(arms), nodes=(nodes,), pool="past", out=out,
+                       bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder),
+                       pair_against=MERGED)
+    t0 = time.perf_counter()
+    summaries = run_replay(cfg)
+    seconds = time.perf_counter() - t0
+
+    def row(label: str, arm: str) -> dict:
+        s = summaries[(arm, nodes)]
+        g = s.get("paired_gain") or {}
+        return {"label": label, "arm": arm, "tau": s["tau"]["value"], "tau_interval": s["tau"]["interval"],
+                "vs_merged": g.get("tau_ratio"), "vs_merged_interval": g.get("interval"),
+                "sole_source_share": s.get("sole_source_share"), "exact": s.get("exact"),
+                "speedup": (s.get("estimate") or {}).get("speedup")}
+
+    result = {"bench": bench, "model": model, "pool": "past", "nodes": nodes, "requests": summaries[(MERGED, nodes)]["requests"],
+              "seconds": round(seconds, 1), "merged": row("merged (oilbird)", MERGED),
+              "ablations": [row(label, arm) for label, arm in ABLATIONS],
+              "ladder": [{"drafter": d, "rungs": [row(r, r) for r in rungs]} for d, rungs in LADDER],
+              "missing": ["one source chosen per step (SAM-Decoding's rule): no arm yet",
+                          "ring buffer off: replay records no rejected branches, so it equals oilbird here"]}
+    atomic_write_json(folder / "ablations.json", result)
+    return result
+
+
+def _iv(v, iv) -> str:
+    if v is None:
+        return "n/a"
+    return f"{v:.2f}" + (f" [{iv[0]:.2f}-{iv[1]:.2f}]" if iv else "")
+
+
+def format_table(r: dict) -> str:
+    lines = [f"ablations, {r['bench']} / {r['model']}: {r['requests']} requests, pool past, {r['nodes']} nodes "
+             f"({r['seconds']:.0f} s)", f"{'':<34} {'arm':<38} {'tau [95%]':>18} {'vs merged [95%]':>18}"]
+    m = r["merged"]
+    lines.append(f"{'merged':<34} {m['arm']:<38} {_iv(m['tau'], m['tau_interval']):>18} {'1':>18}")
+    for a in r["ablations"]:
+        lines.append(f"{a['label']:<34} {a['arm']:<38} {_iv(a['tau'], a['tau_interval']):>18} "
+                     f"{_iv(a['vs_merged'], a['vs_merged_interval']):>18}")
+    lines.append("transplant ladder (base / +pool / +key):")
+    for lad in r["ladder"]:
+        lines.append(f"  {lad['drafter']:<12} " + "   ".join(f"{x['arm']} {_iv(x['tau'], x['tau_interval'])}"
+                                                      for x in lad["rungs"]))
+    lines += [f"not measured: {m}" for m in r["missing"]]
+    return "\n".join(lines)
+
+
+@cli_entry
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m decoder ablations", description=__doc__.split("\n\n")[0])
+    p.add_argument("--bench", default="apibank")
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--nodes", type=int, default=60)
+    p.add_argument("--bootstrap", type=int, default=2000)
+    p.add_argument("--jobs", type=int, default=0, help="worker processes (default one per core)")
+    p.add_argument("--quiet", action="store_true")
+    args = p.parse_args(argv)
+    if args.nodes < 1:
+        raise OilbirdError(f"--nodes must be >= 1 (got {args.nodes})")
+    r = run(args.bench, args.model, args.out, args.nodes, args.bootstrap, args.jobs, not args.quiet)
+    print(format_table(r))
+    print(Path(store_dir(args.out, args.bench, model_slug(args.model)).parent / "ablations" / "ablations.json"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
