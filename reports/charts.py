@@ -281,3 +281,33 @@ def budget_chart(labels: list[str], tokens: list[float], series: dict[str, list[
         ax.set_ylabel("%")
         ax.legend(frameon=False, ncols=len(series), loc="upper center", bbox_to_anchor=(0.5, -0.2))
         return to_svg(fig, name, "what the pool's size buys: availability, gap and semantic gap recall by budget")
+
+
+def ablation_chart(arms: list[str], tau: list[float | None], lows: list[float | None], highs: list[float | None],
+                   groups: list[str], name: str = "ablations") -> str:
+    """tau per arm as a point with its 95% interval as a whisker, top to bottom in the given order; the colour
+    says the arm's group ("merged", "ablation", "ladder")."""
+    colors = {"merged": VERMILION, "ablation": BLUE, "ladder": GREEN}
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 0.32 * len(arms) + 1.1)
+        y = np.arange(len(arms))
+        vals = np.array([np.nan if v is None else v for v in tau], dtype=float)
+        lo = np.array([np.nan if v is None else v for v in lows], dtype=float)
+        hi = np.array([np.nan if v is None else v for v in highs], dtype=float)
+        for group, color in colors.items():
+            m = np.array([g == group for g in groups], dtype=bool) & ~np.isnan(vals)
+            if not m.any():
+                continue
+            err = np.vstack([np.nan_to_num(vals[m] - lo[m]), np.nan_to_num(hi[m] - vals[m])]).clip(0, None)
+            ax.errorbar(vals[m], y[m], xerr=err, fmt="o", color=color, capsize=3, ms=5, label=group)
+        for yi, v, h in zip(y, vals, hi):
+            if not np.isnan(v):
+                ax.annotate(f"{v:.2f}", (v if np.isnan(h) else h, yi), xytext=(4, 0), textcoords="offset points",
+                            va="center", fontsize=8)
+        top = [x for x in (*vals, *hi) if not np.isnan(x)]
+        ax.set_yticks(y, arms)
+        ax.set_ylim(len(arms) - 0.5, -0.5)
+        ax.set_xlim(0, max(top) * 1.2 if top and max(top) > 0 else 1)
+        ax.set_xlabel("tau (tokens per verification pass), 95% interval")
+        ax.legend(frameon=False, loc="lower right")
+        return to_svg(fig, name, "tau per ablation arm and ladder rung, replay with 95% intervals")

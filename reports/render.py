@@ -41,7 +41,7 @@ from data.errors import OilbirdError
 from decoder.verdict import ENABLE_SHARE, OFF_SHARE, Verdict, verdict
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
-from reports.results import DECISION_NODES, SWEEP_COMMANDS, Arm, Census, Result, Sweep, wilson
+from reports.results import ABLATIONS_COMMAND, DECISION_NODES, SWEEP_COMMANDS, Ablations, Arm, Census, Result, Sweep, wilson
 
 DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)
 SOLE_ENABLE = ENABLE_SHARE  # sole-source share at or above which the semantic source pays (decoder/verdict.py)
@@ -663,6 +663,67 @@ def sweep_sections(result: Result) -> list[str]:
     return out
 
 
+# ---------------------------------------------------------------- ablations (python -m decoder ablations)
+
+LADDER_RUNGS = ("base", "+pool", "+key")
+
+
+def _tau_iv(row: dict | None, key: str = "tau", kind: str = "2f") -> str:
+    if row is None:
+        return "n/a"
+    v = row.get(key)
+    iv = row.get(f"{key}_interval")
+    return number(v, kind) + (f" [{interval(iv, kind)}]" if iv is not None else "")
+
+
+def ablations_section(result: Result) -> str:
+    """The ablations and transplant-ladder section; "" when ablations/ablations.json does not exist."""
+    abl: Ablations | None = result.ablations
+    if abl is None:
+        return ""
+    sid, title = "ablations", "Ablations and the transplant ladder (replay, pool past)"
+    if abl.note:
+        return section(sid, title, not_available(f"{abl.note}; rerun `{ABLATIONS_COMMAND}`"))
+    meta = abl.meta
+    facts = ", ".join(f"{esc(k)} {esc(number(meta[k]) if not isinstance(meta[k], str) else meta[k])}"
+                      for k in ("pool", "nodes", "requests") if k in meta)
+    intro = (f'<p class="caption">Replayed arms against the merged decoder (<code>{esc(ABLATIONS_COMMAND)}</code>'
+             + (f"; {facts}" if facts else "") + "). tau: tokens per verification pass, 95% interval in brackets; "
+             "vs merged: the arm's tau over the merged arm's, paired.</p>")
+    main_rows = ([abl.merged] if abl.merged else []) + abl.ablations
+    rows = [[esc(r["label"]), f"<code>{esc(r['arm'])}</code>", _tau_iv(r), _tau_iv(r, "vs_merged", "ratio")]
+            for r in main_rows]
+    tbl = table(["label", "arm", "tau [interval]", "vs merged [interval]"], rows, {2, 3}) if rows else ""
+    plotted = main_rows + [r for _, rungs in abl.ladder for r in rungs if r is not None]
+    groups = (["merged"] if abl.merged else []) + ["ablation"] * len(abl.ablations) + [
+        "ladder" for _, rungs in abl.ladder for r in rungs if r is not None]
+    chart = ""
+    if any(r["tau"] is not None for r in plotted):
+        chart = charts.ablation_chart([r["arm"] for r in plotted], [r["tau"] for r in plotted],
+                                      [(r["tau_interval"] or [None, None])[0] for r in plotted],
+                                      [(r["tau_interval"] or [None, None])[1] for r in plotted], groups)
+    ladder = ""
+    if abl.ladder:
+        lrows = [[esc(d)] + [_tau_iv(rungs[i] if i < len(rungs) else None) for i in range(3)]
+                 for d, rungs in abl.ladder]
+        ladder = table(["drafter", *LADDER_RUNGS], lrows, {1, 2, 3},
+                       caption="The transplant ladder: each drafter alone, with the pool, with the semantic key; "
+                               "tau [95% interval].")
+    missing = ("<h3>Not measured</h3><ul>" + "".join(f"<li>{esc(m)}</li>" for m in abl.missing) + "</ul>"
+               if abl.missing else "")
+    bits = []
+    if abl.bad_values:
+        bits.append(f"{abl.bad_values} value(s) in {ABLATIONS_FILE_NAME} were missing or not finite numbers in range "
+                    "and show as n/a")
+    if abl.dropped_rows:
+        bits.append(f"{abl.dropped_rows} row(s) without an arm name were left out")
+    caveats = f'<p class="note">{esc("; ".join(bits))}.</p>' if bits else ""
+    return section(sid, title, intro, chart, caveats, tbl, ladder, missing)
+
+
+ABLATIONS_FILE_NAME = "ablations/ablations.json"
+
+
 # ---------------------------------------------------------------- the decision (decoder/verdict.py)
 
 DECISION_CSS = {"enable": "enable", "neutral": "neutral", "leave off": "off"}
@@ -1103,11 +1164,13 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
         parts.append(section("census", "Census", not_available(
             f"no census under {result.bench}/{result.model}/ (run `python -m census --bench ...`)")))
         parts += sweep_sections(result)
+        parts.append(ablations_section(result))
     else:
         parts += [headline(result, census), decision_section(result) if main_page else "",
                   proportions_table(census), mechanism_section(census),
                   coverage_section(census), cliff_section(census), novel_section(census), threshold_section(census),
-                  *(sweep_sections(result) if main_page else []), cases_section(result, census, token_text)]
+                  *(sweep_sections(result) + [ablations_section(result)] if main_page else []),
+                  cases_section(result, census, token_text)]
     if main_page:
         parts.append(decoder_section(result))
     if census is not None:

@@ -85,6 +85,7 @@ class Result:
     replay_warm: list[Arm] = field(default_factory=list)  # replay-warm/, as replay
     replay_warm_nodes: dict[int, list[Arm]] = field(default_factory=dict)
     sweeps: dict[str, "Sweep"] = field(default_factory=dict)  # "index" / "budget", only those whose file exists
+    ablations: "Ablations | None" = None  # ablations/ablations.json, None when the file does not exist
 
     @property
     def has_decoder(self) -> bool:
@@ -319,6 +320,99 @@ def load_sweeps(folder: Path) -> dict[str, Sweep]:
     return out
 
 
+ABLATIONS_FILE = "ablations/ablations.json"
+ABLATIONS_COMMAND = "python -m decoder ablations"
+
+
+@dataclass
+class Ablations:
+    """ablations/ablations.json (`python -m decoder ablations`): rows {label, arm, tau, tau_interval, vs_merged,
+    vs_merged_interval}; a number that is not finite and in range reads as None, an interval that is not two
+    finite numbers as None."""
+
+    path: Path
+    meta: dict = field(default_factory=dict)  # bench, model, pool, nodes, requests, seconds (those well formed)
+    merged: dict | None = None
+    ablations: list[dict] = field(default_factory=list)
+    ladder: list[tuple[str, list[dict | None]]] = field(default_factory=list)  # (drafter, [base, +pool, +key])
+    missing: list[str] = field(default_factory=list)
+    note: str | None = None  # set when the file could not be read: the page shows this one line instead
+    bad_values: int = 0
+    dropped_rows: int = 0
+
+
+def _interval(v) -> list[float] | None:
+    if isinstance(v, (list, tuple)) and len(v) == 2 and all(_finite(x) for x in v) and v[0] <= v[1]:
+        return [float(v[0]), float(v[1])]
+    return None
+
+
+def _ablation_row(raw, abl: Ablations) -> dict | None:
+    if not isinstance(raw, dict) or not isinstance(raw.get("arm"), str) or not raw["arm"]:
+        abl.dropped_rows += 1
+        return None
+    label = raw.get("label")
+    row = {"arm": raw["arm"], "label": label if isinstance(label, str) and label else raw["arm"]}
+    for key, rule in (("tau", POSITIVE), ("vs_merged", NONNEG)):
+        v = raw.get(key)
+        row[key] = float(v) if _in_range(v, rule) else None
+        if row[key] is None and v is not None:
+            abl.bad_values += 1
+        iv = raw.get(f"{key}_interval")
+        row[f"{key}_interval"] = _interval(iv)
+        if row[f"{key}_interval"] is None and iv is not None:
+            abl.bad_values += 1
+    return row
+
+
+def read_ablations(path: Path) -> Ablations:
+    """The ablations at `path` (which exists). Never raises for its content: an unreadable or odd file gives
+    `note` (one line)."""
+    abl = Ablations(path)
+    name = f"{path.parent.name}/{path.name}"
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        abl.note = f"{name} could not be read ({type(e).__name__}: {first})"
+        return abl
+    if not isinstance(obj, dict):
+        abl.note = f"{name} could not be read (not a JSON object)"
+        return abl
+    for key in ("bench", "model", "pool", "nodes", "requests", "seconds"):
+        v = obj.get(key)
+        if isinstance(v, str) or (_finite(v) and v >= 0):
+            abl.meta[key] = v
+    if obj.get("merged") is not None:
+        abl.merged = _ablation_row(obj.get("merged"), abl)
+    rows = obj.get("ablations")
+    for raw in rows if isinstance(rows, list) else []:
+        row = _ablation_row(raw, abl)
+        if row is not None:
+            abl.ablations.append(row)
+    ladder = obj.get("ladder")
+    for raw in ladder if isinstance(ladder, list) else []:
+        rungs = raw.get("rungs") if isinstance(raw, dict) else None
+        if not isinstance(raw, dict) or not isinstance(raw.get("drafter"), str) or not isinstance(rungs, list):
+            abl.dropped_rows += 1
+            continue
+        abl.ladder.append((raw["drafter"], [_ablation_row(r, abl) for r in rungs[:3]]))
+    missing = obj.get("missing")
+    abl.missing = [m for m in missing if isinstance(m, str)] if isinstance(missing, list) else []
+    if abl.merged is None and not abl.ablations and not abl.ladder:
+        abl.note = f"{name} holds no usable rows"
+    return abl
+
+
+def load_ablations(folder: Path) -> Ablations | None:
+    path = folder / ABLATIONS_FILE
+    if path.is_file():
+        return read_ablations(path)
+    if path.exists():
+        return Ablations(path, note=f"{ABLATIONS_FILE} is not a file")
+    return None
+
+
 NODES_DIR = re.compile(r"nodes-(\d+)")
 DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
 
@@ -385,7 +479,8 @@ def load_result(folder: Path) -> Result | None:
     result.replay, result.replay_nodes = load_replay(folder / "replay", "past")
     result.replay_warm, result.replay_warm_nodes = load_replay(folder / "replay-warm", "warm")
     result.sweeps = load_sweeps(folder)
-    return result if result.censuses or result.has_decoder or result.sweeps else None
+    result.ablations = load_ablations(folder)
+    return result if result.censuses or result.has_decoder or result.sweeps or result.ablations else None
 
 
 def find_results(runs: Path) -> list[Result]:

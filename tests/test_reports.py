@@ -1058,3 +1058,91 @@ def test_browser_renders_offline_without_errors(tmp_path):
                    "<script>undefinedFunction()</script></body></html>")
     console, requests = browse(chromium, bad, tmp_path / "bad.png", tmp_path)
     assert any("Uncaught" in line for line in console) and requests == ["http://127.0.0.1:9/x.png"]
+
+
+# ---------------------------------------------------------------- ablations (python -m decoder ablations)
+
+def abl_row(label: str, arm: str, tau: float, iv: list | None, vs: float | None, vs_iv: list | None) -> dict:
+    return {"label": label, "arm": arm, "tau": tau, "tau_interval": iv, "vs_merged": vs, "vs_merged_interval": vs_iv,
+            "sole_source_share": None, "exact": False, "speedup": 2.0}
+
+
+def ablations_json(**override) -> dict:
+    return {"bench": "toy", "model": "toy-model", "pool": "past", "nodes": 60, "requests": 12, "seconds": 3.5,
+            "merged": abl_row("merged (oilbird)", "oilbird", 8.5, [8.0, 9.0], None, None),
+            "ablations": [abl_row("lexical only", "oilbird-no-semantic", 7.25, [7.0, 7.5], 0.925, [0.9, 0.95]),
+                          abl_row("k=8", "oilbird@k=8:x", 8.0, None, 0.94, None)],
+            "ladder": [{"drafter": "pld", "rungs": [abl_row("pld", "pld", 4.36, [4.16, 4.57], 0.5, [0.49, 0.52]),
+                                                    abl_row("pld+pool", "pld+pool", 5.63, [5.37, 5.88], 0.65, None),
+                                                    abl_row("pld+key", "pld+key", 5.76, [5.46, 6.05], 0.67, None)]}],
+            "missing": ["one source chosen per step: no arm yet", "ring buffer <off>"], **override}
+
+
+def write_ablations(runs: Path, content: dict | str) -> None:
+    folder = runs / "toy" / "toy-model" / "ablations"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "ablations.json").write_text(content if isinstance(content, str) else json.dumps(content))
+
+
+def test_ablations_section_states_the_numbers(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_sweeps(runs, budget=budget_sweep())
+    write_ablations(runs, ablations_json())
+    page = render_one(runs)
+    assert_offline(page)
+    ids = [a["id"] for _, a in parse(page).tags if "id" in a]
+    assert len(ids) == len(set(ids))
+    assert page.index('id="sweep-budget"') < page.index('id="ablations"') < page.index('id="cases"')
+    block = sweep_block(page, "ablations")
+    assert "Ablations and the transplant ladder (replay, pool past)" in page
+    rows = table_rows(block)
+    assert rows["label"] == ["label", "arm", "tau [interval]", "vs merged [interval]"]
+    assert rows["merged (oilbird)"] == ["merged (oilbird)", "oilbird", "8.50 [8.00–9.00]", "n/a"]
+    assert rows["lexical only"] == ["lexical only", "oilbird-no-semantic", "7.25 [7.00–7.50]",
+                                    "0.93× [0.90×–0.95×]"]
+    assert rows["k=8"] == ["k=8", "oilbird@k=8:x", "8.00", "0.94×"]
+    assert rows["drafter"] == ["drafter", "base", "+pool", "+key"]
+    assert rows["pld"] == ["pld", "4.36 [4.16–4.57]", "5.63 [5.37–5.88]", "5.76 [5.46–6.05]"]
+    text = block_text(block)
+    assert "Not measured" in text and "ring buffer <off>" in text and "no arm yet" in text
+    svg = re.search(r"<svg.*?</svg>", block, re.S).group(0)
+    for label in ("oilbird", "oilbird-no-semantic", "oilbird@k=8:x", "pld", "pld+pool", "pld+key"):
+        assert f">{label}</text>" in svg, label
+    # merged first, then the ablations, then the rungs
+    assert svg.index(">oilbird</text>") < svg.index(">oilbird-no-semantic</text>") < svg.index(">pld+key</text>")
+    assert "n/a" not in text.replace("n/a", "", 1)  # only the merged arm's vs merged
+
+
+def test_ablations_absent_without_file(tmp_path, toy_page):
+    assert 'id="ablations"' not in toy_page and "transplant ladder" not in toy_page
+    runs = make_runs(tmp_path, decode=False)
+    (runs / "toy" / "toy-model" / "ablations").mkdir(parents=True)
+    assert 'id="ablations"' not in render_one(runs)
+
+
+def test_ablation_text_is_escaped(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    abl = ablations_json(missing=["<b>bold</b>"])
+    abl["ablations"][0]["arm"] = "<script>alert(1)</script>"
+    abl["ablations"][1]["label"] = '<img src=x onerror=alert(1)> "q" & more'
+    write_ablations(runs, abl)
+    page = render_one(runs)
+    tags = assert_offline(page)
+    assert not any(t in ("script", "img", "b") for t, _ in tags.tags)
+    text = "".join(tags.text)
+    for s in ("<script>alert(1)</script>", '<img src=x onerror=alert(1)> "q" & more', "<b>bold</b>"):
+        assert s in text, s
+    svg = re.search(r"<svg.*?</svg>", sweep_block(page, "ablations"), re.S).group(0)
+    assert ">&lt;script&gt;alert(1)&lt;/script&gt;</text>" in svg
+
+
+@pytest.mark.parametrize("content", ["{not json", "[1, 2]", '{"merged": 3, "ablations": "x"}'])
+def test_corrupt_ablations_give_a_note(tmp_path, content):
+    runs = make_runs(tmp_path, decode=False)
+    write_ablations(runs, content)
+    page = render_one(runs)
+    assert_offline(page)
+    block = sweep_block(page, "ablations")
+    text = block_text(block)
+    assert "not available: ablations/ablations.json" in text and "python -m decoder ablations" in text
+    assert "Traceback" not in page and "<svg" not in block and "<table" not in block
