@@ -79,3 +79,18 @@ def tiny_dirs(tmp_path_factory):
         pytest.skip(f"stories260k tokenizer not found at {STORIES}")
     root = tmp_path_factory.mktemp("tiny_models")
     return {kind: _tiny_random(kind, root) for kind in ("llama", "qwen2")}
+
+
+def crash_on_call(monkeypatch, module, name: str, call: int):
+    """Make module.name raise KeyboardInterrupt on its call-th call: a kill in the middle of a capture.
+    Returns the real function (to put back for the resumed run)."""
+    real, calls = getattr(module, name), {"n": 0}
+
+    def crashing(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == call:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(module, name, crashing)
+    return real

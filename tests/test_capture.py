@@ -15,7 +15,7 @@ from data.capture import CaptureConfig, PrefixCache, capture, greedy_batch
 from data.errors import OilbirdError
 from data.models import LayerTap, default_capture_layer, encode_prompt, load_model
 from data.store import open_store
-from tests.conftest import STORY_PROMPTS, write_jsonl
+from tests.conftest import STORY_PROMPTS, crash_on_call, write_jsonl
 
 
 def _cfg(bench, out, **kw):
@@ -166,15 +166,7 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
 
     import data.capture as cap
 
-    real, calls = cap._prefill, {"n": 0}
-
-    def crashing(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(cap, "_prefill", crashing)
+    real = crash_on_call(monkeypatch, cap, "_prefill", 4)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(bench, tmp_path / "crash", flush_every=2), lm=stories)
     path = next((tmp_path / "crash").rglob("traces"))

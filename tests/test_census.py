@@ -409,25 +409,34 @@ def test_error_paths(tmp_path, capsys):
     assert "nothing-here" in capsys.readouterr().err
 
 
+def clustered_traffic(rng, *, V: int, R: int, clusters: int, n_range: tuple[int, int],
+                      own_share: float) -> tuple[list[Trace], np.ndarray]:
+    """Requests drawing their tokens (with probability own_share) from their own cluster of a
+    static embedding matrix E [V, 6] (request r uses cluster r % clusters): a query's nearest tokens
+    are often another request's, the case the static-embedding key's exclusion and eviction handle."""
+    cluster = rng.integers(0, clusters, V)
+    E = (rng.standard_normal((clusters, 6))[cluster] + 0.1 * rng.standard_normal((V, 6))).astype(np.float32)
+    traces = []
+    for r in range(R):
+        own = np.nonzero(cluster == r % clusters)[0]
+        own = own if len(own) else np.array([0])
+        n = int(rng.integers(*n_range))
+        toks = np.where(rng.random(n) < own_share, rng.choice(own, n), rng.integers(0, V, n))
+        traces.append(Trace(prompt=rng.choice(own, 3).tolist(), output=toks.tolist(),
+                            hidden=rng.standard_normal((n, 3)).astype(np.float16), topk=rng.integers(0, V, (n, 8)),
+                            prompt_last_hidden=rng.standard_normal(3).astype(np.float16),
+                            prompt_last_topk=rng.integers(0, V, 8), prompt_hash=str(rng.integers(0, 3))))
+    return traces, E
+
+
 def test_static_embedding_key_when_the_nearest_tokens_are_excluded():
     """Each request draws its tokens from its own cluster of embeddings, so in the warm pool a
     query's nearest tokens are mostly its own request's (excluded): the cached ranking runs out of
     slack and is redone with the exclusion; the reference decides."""
     rng = np.random.default_rng(11)
     for case in range(12):
-        V, R = 40, int(rng.integers(2, 6))
-        cluster = rng.integers(0, R, V)
-        E = (rng.standard_normal((R, 6))[cluster] + 0.1 * rng.standard_normal((V, 6))).astype(np.float32)
-        traces = []
-        for r in range(R):
-            own = np.nonzero(cluster == r)[0]
-            own = own if len(own) else np.array([0])
-            n = int(rng.integers(1, 20))
-            toks = np.where(rng.random(n) < 0.7, rng.choice(own, n), rng.integers(0, V, n))
-            traces.append(Trace(prompt=rng.choice(own, 3).tolist(), output=toks.tolist(),
-                                hidden=rng.standard_normal((n, 3)).astype(np.float16), topk=rng.integers(0, V, (n, 8)),
-                                prompt_last_hidden=rng.standard_normal(3).astype(np.float16),
-                                prompt_last_topk=rng.integers(0, V, 8), prompt_hash=str(rng.integers(0, 3))))
+        R = int(rng.integers(2, 6))
+        traces, E = clustered_traffic(rng, V=40, R=R, clusters=R, n_range=(1, 20), own_share=0.7)
         cfg = CensusConfig(pool=("past", "warm")[case % 2], candidates=1 + case % 3, bootstrap=0)
         problems = compare(fast(traces, cfg, E), reference_census(traces, cfg, E))
         assert not problems, "\n".join(problems[:10])

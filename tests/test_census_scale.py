@@ -18,7 +18,7 @@ from data.budget import window_starts
 from data.errors import OilbirdError
 from data.store import open_store
 from tests.census_reference import compare, reference_census, reference_windows
-from tests.test_census import trace_sets, write_store
+from tests.test_census import clustered_traffic, trace_sets, write_store
 
 TOPK = 8
 
@@ -99,19 +99,7 @@ def test_budget_evicts_tokens_from_the_static_embedding_key():
     are often those of a request that already left the window; the reference decides."""
     rng = np.random.default_rng(11)
     for case in range(8):
-        V, R = 40, 10
-        cluster = rng.integers(0, 4, V)
-        E = (rng.standard_normal((4, 6))[cluster] + 0.1 * rng.standard_normal((V, 6))).astype(np.float32)
-        traces = []
-        for r in range(R):
-            own = np.nonzero(cluster == r % 4)[0]
-            own = own if len(own) else np.array([0])
-            n = int(rng.integers(4, 16))
-            toks = np.where(rng.random(n) < 0.8, rng.choice(own, n), rng.integers(0, V, n))
-            traces.append(Trace(prompt=rng.choice(own, 3).tolist(), output=toks.tolist(),
-                                hidden=rng.standard_normal((n, 3)).astype(np.float16), topk=rng.integers(0, V, (n, 8)),
-                                prompt_last_hidden=rng.standard_normal(3).astype(np.float16),
-                                prompt_last_topk=rng.integers(0, V, 8), prompt_hash=str(rng.integers(0, 3))))
+        traces, E = clustered_traffic(rng, V=40, R=10, clusters=4, n_range=(4, 16), own_share=0.8)
         longest = max(len(t.output) for t in traces)
         check(traces, CensusConfig(candidates=1 + case % 3, bootstrap=0, store_budget=str(longest + case)), E)
 

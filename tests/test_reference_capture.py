@@ -18,6 +18,7 @@ from data.capture import (CaptureConfig, ReferencePrefixCache, capture, referenc
 from data.errors import OilbirdError
 from data.models import LayerTap, encode_prompt, load_model
 from data.store import open_store, verify_store
+from tests.conftest import crash_on_call
 
 SYS_A = ("You are the librarian of a small town. You know every book on the shelves and you answer in "
          "short, kind sentences. Never invent a title.")
@@ -204,15 +205,7 @@ def test_reference_resume_keeps_the_reuse_record_aligned(stories, conv_bench, tm
     whole = open_store(capture(_cfg(conv_bench, tmp_path / "whole"), lm=stories))
     import data.capture as cap
 
-    real, calls = cap.teacher_forced_cached, {"n": 0}
-
-    def crashing(*a, **k):
-        calls["n"] += 1
-        if calls["n"] == 4:
-            raise KeyboardInterrupt
-        return real(*a, **k)
-
-    monkeypatch.setattr(cap, "teacher_forced_cached", crashing)
+    real = crash_on_call(monkeypatch, cap, "teacher_forced_cached", 4)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(conv_bench, tmp_path / "crash", flush_every=2), lm=stories)
     path = next((tmp_path / "crash").rglob("traces"))
