@@ -21,7 +21,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations clean
+.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -89,6 +89,19 @@ bench-replay: $(STAMP)
 # the ablation table and the transplant ladder, by replay over the whole store (pool past)
 ablations: $(STAMP)
 	$(PY) -m decoder ablations --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# The cross-benchmark grid: capture each benchmark (SmolLM2, MAX_NEW, BATCH rows; the first N requests
+# where the whole one does not fit 20 min on 2 cores, data/benchmarks.py GRID_LIMITS), its census, the
+# decision arms by replay, then grid.html. A rerun skips every store, census and replay that is current.
+comma := ,
+GRID_BENCHES ?= apibank,taubench-retail,toolalpaca,humaneval,classeval,gsm8k,specbench-math,mtbench
+grid: $(STAMP)
+	$(PY) -m census grid --benches $(GRID_BENCHES) --model $(MODEL) --out $(OUT) --capture --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW))
+	$(PY) -m decoder profile --model $(MODEL) --bench $(firstword $(subst $(comma), ,$(GRID_BENCHES))) --out $(OUT) --if-missing
+	set -e; for b in $(subst $(comma), ,$(GRID_BENCHES)); do \
+	  $(PY) -m decoder replay --bench $$b --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --if-missing; done
+	$(PY) -m census grid --benches $(GRID_BENCHES) --model $(MODEL) --out $(OUT) --quiet
+	$(PY) -m reports --runs $(OUT)
 
 # the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
 bench-scale: $(STAMP)

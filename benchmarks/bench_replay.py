@@ -24,6 +24,8 @@ import sys
 import time
 
 from data.errors import OilbirdError, cli_entry
+from data.models import model_slug
+from data.store import store_dir
 from decoder.replay import DECISION_ARMS, ReplayConfig, format_table, run_replay
 
 PUBLISHED_SUFFIX = {"path mode, spec factor 1.0": 6.32, "tree mode, spec factor 4": 8.05}
@@ -49,8 +51,10 @@ def main(argv=None) -> int:
         raise OilbirdError("--arms is empty")
 
     def replay(arm_list, quiet=False):
+        # written beside, never over, the replay/ the reports read (a --limit run would cut it short)
+        folder = store_dir(args.out, args.bench, model_slug(args.model)).parent / "bench-replay"
         cfg = ReplayConfig(bench=args.bench, model=args.model, arms=arm_list, nodes=(args.nodes,), limit=args.limit,
-                           out=args.out, jobs=args.jobs, progress=not quiet)
+                           out=args.out, jobs=args.jobs, progress=not quiet, results_dir=str(folder))
         t0 = time.perf_counter()
         out = run_replay(cfg)
         return out, time.perf_counter() - t0

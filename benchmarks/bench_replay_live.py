@@ -3,7 +3,8 @@
 Serves the first N requests of a benchmark (default API-Bank, 16 requests, cap 128) live with every arm
 (`decoder.harness.run_decode`, pool strictly past: every arm starts empty, a request joins the pool
 when it ends), then replays the same arms over the captured store of that benchmark cut to the same
-requests and cap (`decoder.replay.run_replay`, --limit N --max-new-tokens C), and prints per arm:
+requests and cap (`decoder.replay.run_replay`, --limit N --max-new-tokens C; written to
+runs/<bench>/<model>/bench-replay-live/, never over the whole-store replay/), and prints per arm:
 tau live / replay, the sole-source share live / replay (the paper's definition, over committed
 tokens), whether replay is exact for that arm, and the measured live speedup over ar against the
 speedup replay estimates from this machine's profile (runs/profiles/<model>-cpu.json, made by
@@ -42,16 +43,20 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
+    from data.models import model_slug
+    from data.store import store_dir
     from decoder.harness import DecodeConfig, run_decode
     from decoder.replay import ReplayConfig, resolve_arms, run_replay
 
     arms = resolve_arms(args.arms.split(","))
+    # the cut replay goes beside, never over, the whole-store replay the reports read (replay/)
+    replay_folder = store_dir(args.out, args.bench, model_slug(args.model)).parent / "bench-replay-live"
     if args.limit < 1:
         raise OilbirdError("--limit must be at least 1")
     t0 = time.perf_counter()
     replay = run_replay(ReplayConfig(bench=args.bench, model=args.model, arms=tuple(arms), nodes=(args.nodes,),
                                      limit=args.limit, max_new_tokens=args.max_new_tokens, out=args.out,
-                                     progress=False))
+                                     progress=False, results_dir=str(replay_folder)))
     replay_s = time.perf_counter() - t0
     t0 = time.perf_counter()
     live = run_decode(DecodeConfig(bench=args.bench, model=args.model, arms=("ar", *arms), limit=args.limit,
@@ -80,6 +85,7 @@ def main(argv=None) -> int:
     ar = live["ar"]
     print(f"\n{args.bench}: first {args.limit} requests, cap {args.max_new_tokens}, pool past, {args.nodes} nodes; "
           f"{ar['generated_tokens']} tokens; ar {ar['tokens_per_s']:.2f} tok/s; live {live_s:.0f} s, replay {replay_s:.1f} s")
+    print(f"live: decode/<arm>/ beside the store; replay of the same requests: {replay_folder}/<arm>/")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"rows": rows, "live_seconds": live_s, "replay_seconds": replay_s,

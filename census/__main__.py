@@ -35,6 +35,8 @@ def _census_parser() -> argparse.ArgumentParser:
     p.add_argument("--store-budget", default=None,
                    help="bound the past pool: tokens (200k) or megabytes (64MB); default unbounded")
     p.add_argument("--no-embeddings", action="store_true", help="skip the static-embedding key (no model load)")
+    p.add_argument("--if-missing", action="store_true",
+                   help="skip when the census with these settings exists for the store as it is now")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -77,11 +79,24 @@ def _sweep_parser(kind: str) -> argparse.ArgumentParser:
 
 
 def _grid_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks")
-    p.add_argument("--benches", required=True, help="comma-separated benchmark names")
+    from census.grid import GridCapture
+    from data.benchmarks import GRID_BENCHES
+
+    cap = GridCapture()
+    p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks "
+                                "(a census missing or older than its store is computed first)")
+    p.add_argument("--benches", default=",".join(GRID_BENCHES),
+                   help=f"comma-separated benchmark names (default: the grid's {len(GRID_BENCHES)})")
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--out", default="runs")
     p.add_argument("--pool", choices=["past", "warm"], default="past")
+    p.add_argument("--capture", action="store_true",
+                   help="capture (or resume) a missing store first, with the grid's per-benchmark limit "
+                        "(data/benchmarks.py GRID_LIMITS: 20 min of capture on 2 cores)")
+    p.add_argument("--max-new-tokens", type=int, default=cap.max_new_tokens,
+                   help=f"--capture's token cap ({cap.max_new_tokens})")
+    p.add_argument("--batch-size", type=int, default=cap.batch_size, help=f"--capture's rows ({cap.batch_size})")
+    p.add_argument("--no-limits", action="store_true", help="--capture whole benchmarks (no GRID_LIMITS)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -100,6 +115,19 @@ def main(argv: list[str] | None = None) -> int:
                        candidates=args.candidates, payload_cap=args.payload_cap, bootstrap=args.bootstrap,
                        seed=args.seed, device=args.device, index=args.index, index_train=args.index_train,
                        recall_sample=args.recall_sample, store_budget=args.store_budget).validate()
+    if args.if_missing and not args.no_embeddings:
+        from census.run import census_dir
+        from data.models import model_slug
+        from data.store import current_summary, store_dir
+
+        slug = model_slug(args.model)
+        target = census_dir(args.out, args.bench, slug, cfg.pool)
+        if (target / "positions.parquet").exists() and current_summary(
+                target / "summary.json", store_dir(args.out, args.bench, slug), config=cfg.as_dict()):
+            print(f"{target}: census of the store as it is now exists (--if-missing); not recomputed",
+                  file=sys.stderr)
+            print(target)
+            return 0
     target, summary = run_census(args.bench, args.model, cfg, args.out,
                                  embeddings=None if args.no_embeddings else "load", progress=not args.quiet)
     print(format_summary(summary))
@@ -131,13 +159,17 @@ def _sweep(kind: str, args) -> int:
 
 
 def _grid(args) -> int:
-    from census.grid import format_grid, grid_table
+    from census.grid import GridCapture, format_grid, grid_table
     from data.models import model_slug
     from data.store import atomic_write_bytes, atomic_write_json, clean_leftovers
     from pathlib import Path
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]
-    grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet)
+    if not benches:
+        raise OilbirdError("--benches names no benchmark")
+    capture = GridCapture(args.max_new_tokens, args.batch_size, not args.no_limits) if args.capture else None
+    grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
+                      capture=capture)
     text = format_grid(grid)
     target = Path(args.out) / "grid" / model_slug(args.model)
     name = "census_grid" if args.pool == "past" else f"census_grid_{args.pool}"

@@ -1,11 +1,15 @@
 """The cross-benchmark table: Avail, Gap, Recall per benchmark, from each census summary.json.
 
-A benchmark whose summary is missing but whose trace store exists is censused first; one with
-neither is an error naming the capture to run.
+A benchmark whose census is missing, or was computed from an earlier state of its store, is censused
+first. Without a store: with `capture` (`python -m census grid --capture`, `make grid`) the store is
+captured with the grid's settings (`GridCapture`: the cap, the batch width, and the per-benchmark
+first-N limit of data/benchmarks.py GRID_LIMITS, said on stderr); otherwise it is an error naming the
+capture to run. A partial store (a killed capture) resumes.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from census.definitions import CensusConfig
@@ -14,32 +18,90 @@ from data.errors import OilbirdError
 COLUMNS = ("available", "gap", "recall")
 
 
-def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
-    import json
+@dataclass
+class GridCapture:
+    """How `--capture` makes a missing store: the make targets' settings (Makefile MAX_NEW, BATCH)."""
 
-    from census.run import census_dir, run_census
+    max_new_tokens: int = 256  # SmolLM2 on CPU rambles to the cap; 256 keeps each capture near 20 min
+    batch_size: int = 32  # rows decoded together (tokens equal to batch 1; README)
+    limits: bool = True  # the per-benchmark first-N limits of GRID_LIMITS; False: whole benchmarks
+
+
+def _store_complete(path: Path, want: int | None) -> bool:
+    from data.store import read_meta
+
+    if not (path / "meta.json").exists():
+        return False
+    try:
+        meta = read_meta(path)
+    except OilbirdError:
+        return False
+    return bool(meta.get("complete")) and (want is None or int(meta.get("n_requests") or 0) >= want)
+
+
+def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture | None, progress: bool,
+                 loaded: dict) -> None:
+    """The benchmark's trace store exists (captured or resumed here when `capture` is given)."""
+    from data.benchmarks import grid_limit, grid_limit_note
     from data.models import model_slug
     from data.store import store_dir
 
-    path = census_dir(out, bench, model_slug(model), cfg.pool) / "summary.json"
-    if path.exists():
-        try:
-            return json.loads(path.read_text())
-        except json.JSONDecodeError as e:
-            raise OilbirdError(f"{path} is not valid JSON ({e.msg}); rerun `python -m census --bench {bench}`") from None
-    if not (store_dir(out, bench, model_slug(model)) / "meta.json").exists():
-        raise OilbirdError(f"no census and no trace store for {bench} / {model_slug(model)} under {out}: "
-                           f"run `make census BENCH={bench} MODEL={model}` first")
+    path = store_dir(out, bench, model_slug(model))
+    limit = grid_limit(bench) if capture is not None and capture.limits else None
+    if capture is None:
+        if not (path / "meta.json").exists():
+            raise OilbirdError(f"no census and no trace store for {bench} / {model_slug(model)} under {out}: "
+                               f"run `make census BENCH={bench} MODEL={model}` or `python -m census grid --capture`")
+        return
+    import sys
+
+    print(grid_limit_note(bench) if capture.limits else f"capture {bench}: every request (--no-limits)",
+          file=sys.stderr)
+    from data.benchmarks import load_requests
+
+    if _store_complete(path, limit or len(load_requests(bench))):  # a shorter store is extended
+        return
+    from data.capture import CaptureConfig, capture as run_capture
+    from data.models import load_model
+
+    if "lm" not in loaded:
+        loaded["lm"] = load_model(model)
+    run_capture(CaptureConfig(bench=bench, model=model, limit=limit, max_new_tokens=capture.max_new_tokens,
+                              batch_size=capture.batch_size, out=str(out), progress=progress), loaded["lm"])
+
+
+def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
+    """The census summary of the store as it is now: read when current, else computed."""
+    from census.run import census_dir, run_census
+    from data.models import model_slug
+    from data.store import current_summary, store_dir
+
+    folder = census_dir(out, bench, model_slug(model), cfg.pool)
+    store = store_dir(out, bench, model_slug(model))
+    s = current_summary(folder / "summary.json", store, config=cfg.as_dict())
+    if s is not None and (folder / "positions.parquet").exists():
+        return s
     return run_census(bench, model, cfg, out, progress=progress)[1]
 
 
 def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Path = "runs",
-               progress: bool = True) -> dict:
-    rows = []
+               progress: bool = True, capture: GridCapture | None = None) -> dict:
+    from data.benchmarks import get_benchmark
+    from data.models import model_slug
+    from data.store import read_meta, store_dir
+
+    if capture is not None:
+        for bench in benches:
+            get_benchmark(bench)  # an unknown name fails before hours of capture of the others
+    rows, loaded = [], {}
     for bench in benches:
+        ensure_store(bench, model, out, capture, progress, loaded)
         s = load_or_run(bench, model, cfg, out, progress)
+        meta_path = store_dir(out, bench, model_slug(model))
+        meta = read_meta(meta_path) if (meta_path / "meta.json").exists() else {}
         rows.append({"bench": bench, "positions": s["positions"], "requests": s["requests"],
-                     **{c: s[c] for c in COLUMNS}})
+                     "requests_total": meta.get("requests_total"), "limit": meta.get("limit"),
+                     "max_new_tokens": meta.get("max_new_tokens"), **{c: s[c] for c in COLUMNS}})
     return {"model": model, "pool": cfg.pool, "rows": rows}
 
 
@@ -53,10 +115,14 @@ def format_grid(grid: dict) -> str:
         b = (p or {}).get("bootstrap")
         return f"{100 * b[0]:.1f}-{100 * b[1]:.1f}" if b else "n/a"
 
-    head = f"{'Benchmark':<20} {'Avail.':>7} {'Gap':>6} {'Recall':>7}   {'Gap 95% (boot)':>15} {'Recall 95% (boot)':>18} {'positions':>9} {'gap n':>6}"
+    def reqs(r):
+        total = r.get("requests_total")
+        return f"{r['requests']}/{total}" if total and total != r["requests"] else str(r["requests"])
+
+    head = f"{'Benchmark':<20} {'requests':>9} {'Avail.':>7} {'Gap':>6} {'Recall':>7}   {'Gap 95% (boot)':>15} {'Recall 95% (boot)':>18} {'positions':>9} {'gap n':>6}"
     lines = [f"census grid: {grid['model']}, pool {grid['pool']} (percent of generated positions; "
              "Recall = share of gap positions the semantic key recovers)", head, "-" * len(head)]
     for r in grid["rows"]:
-        lines.append(f"{r['bench']:<20} {cell(r['available'], 1):>7} {cell(r['gap'], 1):>6} {cell(r['recall'], 1):>7}"
+        lines.append(f"{r['bench']:<20} {reqs(r):>9} {cell(r['available'], 1):>7} {cell(r['gap'], 1):>6} {cell(r['recall'], 1):>7}"
                      f"   {ci(r['gap']):>15} {ci(r['recall']):>18} {r['positions']:>9} {r['gap']['k']:>6}")
     return "\n".join(lines)

@@ -36,7 +36,7 @@ from data.errors import OilbirdError
 from data.models import model_slug, same_model
 from data.stateindex import IndexSpec, check_trainable, parse_index_spec
 from data.store import (atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir,
-                        open_store, store_dir)
+                        open_store, store_dir, store_fingerprint)
 
 
 # ---------------------------------------------------------------- pool bookkeeping
@@ -847,6 +847,7 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
         notes.append(result.index["note"])
     summary = summarize(df, cfg, meta=meta, notes=notes, emb_available=embeddings is not None)
     summary["store"] = str(path)
+    summary["store_fingerprint"] = store_fingerprint(meta)
     summary["index"] = result.index
     summary["pool_bounds"] = result.pool
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),

@@ -24,10 +24,29 @@ def _cmd_list(args) -> int:
     return 0
 
 
+def _limit(bench: str, text: str | None) -> int | None:
+    """--limit: a count, or `grid` (the grid's limit for this benchmark, said on stderr)."""
+    if text is None:
+        return None
+    if text == "grid":
+        from data.benchmarks import grid_limit, grid_limit_note
+
+        print(grid_limit_note(bench) + " (--limit grid)", file=sys.stderr)
+        return grid_limit(bench)
+    try:
+        limit = int(text)
+    except ValueError:
+        raise OilbirdError(f"--limit must be a positive number of requests or 'grid' (got {text!r})") from None
+    if limit < 1:
+        raise OilbirdError(f"--limit must be at least 1 (got {limit})")
+    return limit
+
+
 def _cmd_capture(args) -> int:
     from data.capture import CaptureConfig, capture
 
-    cfg = CaptureConfig(bench=args.bench, model=args.model, limit=args.limit, max_new_tokens=args.max_new_tokens,
+    limit = _limit(args.bench, args.limit)
+    cfg = CaptureConfig(bench=args.bench, model=args.model, limit=limit, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, mode=args.mode, out=args.out, force=args.force,
                         dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet,
                         truncate=args.truncate, flush_every=args.flush_every,
@@ -103,7 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("capture", help="greedy-decode a benchmark into a trace store (resumes if interrupted)")
     c.add_argument("--bench", required=True, help="benchmark name (python -m data list) or jsonl:PATH")
     c.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
-    c.add_argument("--limit", type=int, default=None, help="first N requests only")
+    c.add_argument("--limit", default=None,
+                   help="first N requests only; `grid`: the cross-benchmark grid's limit for this benchmark "
+                        "(data/benchmarks.py GRID_LIMITS, sized for 20 min of capture on 2 cores)")
     c.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: per benchmark)")
     c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1; the make targets use 32)")
     c.add_argument("--mode", choices=["generate", "reference"], default="generate")

@@ -107,6 +107,33 @@ EXPECTED_COUNTS = {
     "specbench-math": 80,
 }
 
+# The cross-benchmark grid (`make grid`): the benchmarks it runs, in this order, and the first-N
+# limit of each whose whole capture does not fit 20 minutes on 2 CPU cores (SmolLM2-135M, fp32,
+# cap 256, 32 rows; about 40-70 generated tokens/s there, less with long prompts). A benchmark not
+# in GRID_LIMITS is captured whole. `python -m data capture --limit grid` reads this table.
+GRID_BENCHES = ("apibank", "taubench-retail", "toolalpaca", "humaneval", "classeval", "gsm8k",
+                "specbench-math", "mtbench")
+GRID_CAPTURE_MINUTES = 20
+GRID_LIMITS = {
+    "taubench-retail": 96,  # 4.7k-token prompts, 32 rows: measured 64 requests in 805 s (12.6 s each)
+    "gsm8k": 640,  # short prompts: measured 160 requests in 231 s (1.4 s each, ~100 generated tokens/s)
+}
+
+
+def grid_limit(bench: str) -> int | None:
+    """The grid's first-N limit for a benchmark (None: captured whole)."""
+    return GRID_LIMITS.get(bench)
+
+
+def grid_limit_note(bench: str) -> str:
+    """One line saying what the grid captures of a benchmark, and why."""
+    limit, total = grid_limit(bench), EXPECTED_COUNTS.get(bench) or len(load_requests(bench))
+    if limit is None:
+        return (f"capture {bench}: every request{f' ({total})' if total else ''} (the whole benchmark fits "
+                f"{GRID_CAPTURE_MINUTES} min of capture on 2 cores)")
+    return (f"capture {bench}: the first {limit} of {total} requests (the whole benchmark does not fit "
+            f"{GRID_CAPTURE_MINUTES} min of capture on 2 cores; data/benchmarks.py GRID_LIMITS)")
+
 
 @dataclass(frozen=True)
 class Request:

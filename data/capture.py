@@ -565,12 +565,13 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     all_refs = [reference_tokens(lm, r) for r in requests] if cfg.mode == "reference" else None
     all_prompts, truncated = fit_prompts(lm, requests, max_new, cfg.truncate, all_refs)
     path = store_dir(cfg.out, cfg.bench, lm.slug)
+    every_request = load_requests(cfg.bench)  # the whole benchmark: its fingerprint, and the N of "first N of M"
     meta = {
         "model": lm.name, "model_path": lm.path, "model_fingerprint": lm.fingerprint, "layer": lm.layer,
         "n_layers": lm.n_layers, "d_model": lm.d_model, "vocab_size": lm.vocab_size,
         "dtype": str(lm.dtype).removeprefix("torch."), "device": lm.device.type,
         "tokenizer_hash": lm.tokenizer_hash, "chat_template_hash": lm.chat_template_hash,
-        "bench": cfg.bench, "data_fingerprint": data_fingerprint(load_requests(cfg.bench)),
+        "bench": cfg.bench, "data_fingerprint": data_fingerprint(every_request), "requests_total": len(every_request),
         "mode": cfg.mode, "max_new_tokens": max_new, "stop_strings": list(info.stop_strings),
         "truncate": cfg.truncate, "prompt_hash_scheme": PROMPT_HASH_SCHEME,
         "versions": library_versions(),
@@ -581,7 +582,7 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     _check_committed(path, writer, requests)
     if start >= len(requests):
         if not writer.meta.get("complete"):
-            writer.finish(limit=cfg.limit)
+            writer.finish(limit=cfg.limit, requests_total=len(every_request))
         print(f"{path}: already holds {start} requests (asked for {len(requests)}); nothing to capture",
               file=sys.stderr)
         return str(path)
@@ -646,6 +647,6 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     bar.close()
     run["seconds"] = round(time.perf_counter() - t_start, 3)
     runs.append(run)
-    writer.finish(limit=cfg.limit, runs=runs, truncated=truncated_done, prompt_tokens_reused=reused_done,
+    writer.finish(limit=cfg.limit, requests_total=len(every_request), runs=runs, truncated=truncated_done, prompt_tokens_reused=reused_done,
                   seconds_total=round(sum(r["seconds"] or 0.0 for r in runs), 3))
     return str(path)

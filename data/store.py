@@ -295,6 +295,31 @@ META_KEYS = ("format", "model", "model_fingerprint", "layer", "n_layers", "d_mod
              "max_new_tokens", "versions", "created", "complete")
 
 
+def store_fingerprint(meta: dict) -> str:
+    """What a result computed from a store depends on: its committed files (their sha256s) and request
+    count. Results record it, and `--if-missing` reuses a result only when the store still has it."""
+    blob = json.dumps({"checksums": meta.get("checksums") or {}, "n_requests": meta.get("n_requests"),
+                       "model_fingerprint": meta.get("model_fingerprint")}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def current_summary(summary_path: str | Path, store_path: str | Path, **expected) -> dict | None:
+    """The summary.json at `summary_path` when it was computed from the store as it is now (a complete
+    store with the same `store_fingerprint`) and its fields equal `expected`; else None (recompute)."""
+    summary_path, meta_path = Path(summary_path), Path(store_path) / "meta.json"
+    if not summary_path.exists() or not meta_path.exists():
+        return None
+    try:
+        summary, meta = json.loads(summary_path.read_text()), json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict) or not isinstance(meta, dict) or not meta.get("complete"):
+        return None
+    if summary.get("store_fingerprint") != store_fingerprint(meta):
+        return None
+    return summary if all(summary.get(k) == v for k, v in expected.items()) else None
+
+
 def read_meta(path: Path) -> dict:
     meta_path = Path(path) / "meta.json"
     if not meta_path.exists():

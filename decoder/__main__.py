@@ -28,11 +28,16 @@ ablations of oilbird (same drafter, one setting changed):
   oilbird-root-attached  retrieved chains hung from the root instead of merged into the tree
   oilbird-request-key    one key query per request selecting whole traces
   oilbird-fixed-depth    copy depth by neighbour rank instead of by similarity
+  oilbird-one-source     one source per step instead of merged (SAM-Decoding's rule): the lexical
+                         tree when the automaton's match is >= one_source_min_match (5) tokens, else
+                         the semantic draft, each at the whole budget
   pld+pool, recycling+pool
                          those hosts handed the cross-request pool under their own exact key
                          (pld: longest suffix n-gram <= 3; recycling: the anchor token), up to 16
                          tokens in the same 16 reserved nodes: the rung +key is measured against
   pld+key, recycling+key the key transplanted into those hosts at an unchanged node budget
+variants: arm@field=value[:field=value] changes one config field of any arm, e.g. oilbird@theta=0.9,
+  oilbird@calib_window=0, oilbird@retrieval_budget=8, oilbird@k=16 (decoder/drafters/__init__.py)
 summary.json of the key arms adds sole_source_share (sole-semantic tokens / all committed tokens, the
 paper's), sole_source_share_of_draft (/ accepted draft tokens), semantic_time_s, retrieval_fraction and
 store_bytes_per_token; every arm records index, bytes_per_state, warmup_queries and knn_recall (--index),

@@ -5,7 +5,10 @@ Ablations (every arm paired with `oilbird`, the merged tree, on the same request
 its joint request-bootstrap interval):
   draft sources removed   oilbird-no-semantic (lexical only), semantic-only, semantic-null (the null
                           control: root branching declared, nothing retrieved)
-  the merge itself        oilbird-root-attached (each retrieved chain its own root branch)
+  the merge itself        oilbird-root-attached (each retrieved chain its own root branch),
+                          oilbird-one-source (one source chosen per step instead of merged, SAM-Decoding's
+                          rule: the lexical draft when its automaton match is >= 5 tokens, else the
+                          semantic draft; decoder/drafters/oilbird.py)
   the key                 oilbird-request-key (one query per request), oilbird-fixed-depth (depth by rank)
   knobs (arm variants, `arm@field=value`, decoder/drafters/__init__.py):
                           theta 0.7 / 0.9 (the entry floor), calib_window=0 (self-calibration off),
@@ -14,19 +17,26 @@ its joint request-bootstrap interval):
 Transplant ladder (paper: three published drafters at three rungs): pld and recycling at base,
 +pool (the host's own exact key over the pool) and +key (the semantic key added), each with tau and
 its interval.
+Headline (`HEADLINE`): the lexical baselines suffix, sam, lexical, recycling and pld, each against
+oilbird on the same requests: tau, arm / oilbird (`vs_merged`) and oilbird / arm (`oilbird_over_arm`,
+its interval from the replay's own bootstrap draws over both arms' per-request passes), each with its
+interval; `best_lexical` is the one with the highest tau and `target_met` says whether oilbird /
+best_lexical >= 1.25 with the interval's lower end above 1 (no interval, --bootstrap 0: not met).
+All arms run in one replay (an arm in two lists, e.g. pld, is replayed once).
 
-Not here: one source chosen per step instead of merged (SAM-Decoding's rule) has no arm yet. In
-replay the ring buffer records nothing, so rollouts=0 equals oilbird there (decoder/replay.py).
+Not measured: in replay the ring buffer records nothing, so rollouts=0 equals oilbird there
+(decoder/replay.py).
 Results: runs/<bench>/<model>/ablations/<arm>/ (replay's folders) and ablations.json beside them.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
+
+import numpy as np
 
 from data.errors import OilbirdError, cli_entry
 from data.models import model_slug
@@ -38,6 +48,7 @@ ABLATIONS = (
     ("semantic only", "semantic-only"),
     ("null control", "semantic-null"),
     ("root-attached instead of merged", "oilbird-root-attached"),
+    ("one source per step (SAM-Decoding)", "oilbird-one-source"),
     ("request-level key", "oilbird-request-key"),
     ("fixed depth by rank", "oilbird-fixed-depth"),
     ("entry floor theta 0.7", "oilbird@theta=0.7"),
@@ -51,12 +62,43 @@ ABLATIONS = (
     ("shallow depth schedule", "oilbird@depth_schedule=0.9x16_0.82x4"),
 )
 LADDER = (("pld", ("pld", "pld+pool", "pld+key")), ("recycling", ("recycling", "recycling+pool", "recycling+key")))
+# the headline comparison: oilbird against the training-free lexical baselines (published ones and our lexical tree)
+HEADLINE = (
+    ("SuffixDecoding", "suffix"),
+    ("SAM-Decoding", "sam"),
+    ("lexical tree (spine, branches, adjacency)", "lexical"),
+    ("Token Recycling", "recycling"),
+    ("prompt lookup (PLD)", "pld"),
+)
+LEXICAL_ARMS = ("suffix", "sam", "lexical", "pld", "recycling")  # best_lexical is chosen among these
+TARGET_RATIO = 1.25  # target_met: oilbird / best_lexical >= this, with the interval's lower end above 1
+
+
+def request_passes(folder: Path, arm: str, n_requests: int) -> np.ndarray:
+    """Verification passes per request of an arm, from the cycles.parquet its replay wrote."""
+    import pyarrow.parquet as pq
+
+    request = pq.read_table(folder / arm / "cycles.parquet", columns=["request"])["request"].to_numpy()
+    return np.bincount(request, minlength=n_requests).astype(float)
+
+
+def inverse_gain(folder: Path, arm: str, n_requests: int, bootstrap: int,
+                 seed: int) -> tuple[float | None, list | None]:
+    """oilbird's tau over the arm's, tau_oilbird / tau_arm = passes_arm / passes_oilbird (both commit the same
+    tokens), and its request-bootstrap interval: the replay's own draws (same request count and seed),
+    each resampling both arms' requests jointly, so it is the bootstrap of this ratio itself (not 1/hi..1/lo)."""
+    from data.stats import RequestBootstrap
+    from decoder.passes import paired_ratio
+
+    boot = RequestBootstrap(n_requests, bootstrap, seed) if bootstrap > 0 else None
+    return paired_ratio(request_passes(folder, arm, n_requests), request_passes(folder, MERGED, n_requests), boot)
 
 
 def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int, progress: bool) -> dict:
     from decoder.replay import ReplayConfig, run_replay
 
-    arms = [MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs)]
+    arms = list(dict.fromkeys([MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs),
+                               *(a for _, a in HEADLINE)]))  # one replay; an arm named twice runs once
     folder = store_dir(out, bench, model_slug(model)).parent / "ablations"
     cfg = ReplayConfig(bench=bench, model=model, arms=tuple(arms), nodes=(nodes,), pool="past", out=out,
                        bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder),
@@ -73,12 +115,28 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
                 "sole_source_share": s.get("sole_source_share"), "exact": s.get("exact"),
                 "speedup": (s.get("estimate") or {}).get("speedup")}
 
-    result = {"bench": bench, "model": model, "pool": "past", "nodes": nodes, "requests": summaries[(MERGED, nodes)]["requests"],
+    n_requests = summaries[(MERGED, nodes)]["requests"]
+
+    def headline_row(label: str, arm: str) -> dict:
+        ratio, iv = inverse_gain(folder, arm, n_requests, bootstrap, cfg.seed)
+        return {**row(label, arm), "oilbird_over_arm": ratio, "oilbird_over_arm_interval": iv}
+
+    headline = [headline_row(label, arm) for label, arm in HEADLINE]
+    lexical = [h for h in headline if h["arm"] in LEXICAL_ARMS and h["tau"] is not None]
+    best = max(lexical, key=lambda h: h["tau"]) if lexical else None
+    best_lexical = None if best is None else {k: best[k] for k in ("arm", "tau", "tau_interval", "oilbird_over_arm",
+                                                                  "oilbird_over_arm_interval")}
+    # no interval (bootstrap 0) cannot show the lower end above 1: not met
+    met = bool(best and best["oilbird_over_arm"] is not None and best["oilbird_over_arm"] >= TARGET_RATIO
+               and best["oilbird_over_arm_interval"] and best["oilbird_over_arm_interval"][0] > 1.0)
+    result = {"bench": bench, "model": model, "pool": "past", "nodes": nodes, "requests": n_requests,
               "seconds": round(seconds, 1), "merged": row("merged (oilbird)", MERGED),
               "ablations": [row(label, arm) for label, arm in ABLATIONS],
               "ladder": [{"drafter": d, "rungs": [row(r, r) for r in rungs]} for d, rungs in LADDER],
-              "missing": ["one source chosen per step (SAM-Decoding's rule): no arm yet",
-                          "ring buffer off: replay records no rejected branches, so it equals oilbird here"]}
+              "headline": headline, "best_lexical": best_lexical,
+              "target": f"oilbird / best_lexical >= {TARGET_RATIO} with the 95% interval's lower end above 1",
+              "target_met": met,
+              "missing": ["ring buffer off: replay records no rejected branches, so it equals oilbird here"]}
     atomic_write_json(folder / "ablations.json", result)
     return result
 
@@ -101,6 +159,17 @@ def format_table(r: dict) -> str:
     for lad in r["ladder"]:
         lines.append(f"  {lad['drafter']:<12} " + "   ".join(f"{x['arm']} {_iv(x['tau'], x['tau_interval'])}"
                                                       for x in lad["rungs"]))
+    if r.get("headline"):
+        lines += ["headline, oilbird against each lexical baseline (same requests):",
+                  f"  {'':<44} {'arm':<10} {'tau [95%]':>18} {'oilbird / arm [95%]':>22}"]
+        for h in r["headline"]:
+            lines.append(f"  {h['label']:<44} {h['arm']:<10} {_iv(h['tau'], h['tau_interval']):>18} "
+                         f"{_iv(h['oilbird_over_arm'], h['oilbird_over_arm_interval']):>22}")
+        b = r.get("best_lexical")
+        if b:
+            lines.append(f"  best lexical: {b['arm']}; oilbird / {b['arm']} = "
+                         f"{_iv(b['oilbird_over_arm'], b['oilbird_over_arm_interval'])}; target ({r['target']}): "
+                         f"{'met' if r['target_met'] else 'not met'}")
     lines += [f"not measured: {m}" for m in r["missing"]]
     return "\n".join(lines)
 

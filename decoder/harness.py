@@ -2,7 +2,9 @@
 
 `run_decode(DecodeConfig(...))` loads the model once, runs `ar` first (the reference for speed and
 for losslessness; added when the user leaves it out), then each drafter arm with a fresh pool,
-and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`:
+and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`. An arm may be a variant
+`arm@field=value:...` of a library arm (e.g. oilbird@theta=0.7), as replay takes it
+(decoder/drafters `parse_variant`); its folder carries the variant's name.
 
   cycles.parquet    one row per verification pass: request, pass, nodes, accepted, committed,
                     sources (per accepted node, e.g. "adjacency|sam"), draft_s, verify_s, update_s
@@ -97,6 +99,13 @@ class DecodeConfig:
                 "index_train_size": self.index_train_size}
 
 
+def library_factory(name: str) -> ArmFactory:
+    """A library arm, or a variant of one (`arm@field=value:...`, decoder/drafters parse_variant)."""
+    from decoder.drafters import make_drafter
+
+    return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes, shared=cfg.shared())
+
+
 def library_drafters() -> dict[str, ArmFactory]:
     """The drafters registered in decoder/drafters/__init__.py (none while that package is absent)."""
     import importlib.util
@@ -104,17 +113,17 @@ def library_drafters() -> dict[str, ArmFactory]:
     spec = importlib.util.find_spec("decoder.drafters")
     if spec is None or spec.origin is None:  # no package, or a folder without __init__.py yet
         return {}
-    from decoder.drafters import arm_names, make_drafter
-
-    def factory(name: str) -> ArmFactory:
-        return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes, shared=cfg.shared())
+    from decoder.drafters import arm_names
 
     # the library's own "ar" (an empty-draft drafter) would shadow the plain greedy reference
-    return {name: factory(name) for name in arm_names() if name != REFERENCE_ARM}
+    return {name: library_factory(name) for name in arm_names() if name != REFERENCE_ARM}
 
 
 def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -> tuple[list[str], bool]:
-    """The arms in run order (ar first) and whether ar was added because the user left it out."""
+    """The arms in run order (ar first) and whether ar was added because the user left it out.
+
+    A variant `arm@field=value:...` of a library arm is added to `factories` (as replay takes it); a bad
+    field or value fails here, before the model loads."""
     names = [a.strip() for a in requested if a.strip()]
     if not names:
         raise OilbirdError("--arms is empty; give e.g. ar,sam,lexical")
@@ -122,9 +131,18 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
     if dupes:
         raise OilbirdError(f"--arms names {', '.join(dupes)} twice")
     known = [REFERENCE_ARM, *factories]
-    unknown = [a for a in names if a not in known]
-    if unknown:
-        raise OilbirdError(f"unknown arm '{unknown[0]}'; known: {', '.join(known)}")
+    library = library_drafters()
+    for a in names:
+        if a in known:
+            continue
+        base = a.partition("@")[0]
+        if "@" not in a or base not in library:
+            raise OilbirdError(f"unknown arm '{a}'; known: {', '.join(known)} (or a variant of a library arm "
+                               "as arm@field=value, e.g. oilbird@theta=0.7)")
+        from decoder.drafters import make_drafter
+
+        make_drafter(a, vocab_size=2, nodes=1)  # a bad field or value: one line, before any work
+        factories[a] = library_factory(a)
     added = REFERENCE_ARM not in names
     return [REFERENCE_ARM] + [a for a in names if a != REFERENCE_ARM], added
 

@@ -10,6 +10,9 @@ tokens committed, the sources of every accepted node, drafting and update time).
                               proposed, over ALL committed tokens (bonus tokens in the denominator)
   sole_source_share_of_draft  the same tokens over accepted draft tokens (bonus tokens left out)
   nodes_per_pass, draft_s_per_pass, update_s_per_pass   distributions
+  by_depth                    per depth d of the accepted path (d = 1..32): the share of passes that
+                              accept at least d draft tokens, and the accepted tokens at depth d per
+                              source and proposed by the semantic source alone (where the key's gain lands)
 
 Intervals resample whole requests (data.stats.RequestBootstrap); a statistic that is a ratio of
 per-request sums is computed on the same draws, so paired comparisons (`paired_ratio`) resample
@@ -84,7 +87,29 @@ def pass_statistics(per_request: Sequence[Sequence], has_key: bool, boot: Reques
         "nodes_per_pass": _distribution(np.array([c.nodes for c in cycles], float), 50),
         "draft_s_per_pass": _distribution(np.array([c.draft_s for c in cycles], float), 50, 99),
         "update_s_per_pass": _distribution(np.array([c.update_s for c in cycles], float), 50, 99),
+        "by_depth": depth_profile(cycles),
     }
+
+
+DEPTHS = 32  # by_depth covers depths 1..DEPTHS of the accepted path
+
+
+def depth_profile(cycles: Sequence, depths: int = DEPTHS) -> dict:
+    """Per depth d (1-based) of the accepted path: `reach[d-1]` = passes accepting >= d draft tokens /
+    passes; `by_source[src][d-1]` = accepted tokens at depth d the source proposed (a token several
+    sources proposed counts for each); `sole_semantic[d-1]` = those only the semantic source proposed."""
+    reach = np.zeros(depths, np.int64)
+    sole = np.zeros(depths, np.int64)
+    by_source: dict[str, np.ndarray] = {}
+    for c in cycles:
+        reach[:min(c.accepted, depths)] += 1
+        for d, label in enumerate(c.sources[:depths]):
+            for src in label.split("|"):
+                by_source.setdefault(src, np.zeros(depths, np.int64))[d] += 1
+            sole[d] += label == SEMANTIC_SOURCE
+    n = max(len(cycles), 1)
+    return {"depths": depths, "passes": len(cycles), "reach": (reach / n).round(6).tolist(),
+            "by_source": {k: v.tolist() for k, v in sorted(by_source.items())}, "sole_semantic": sole.tolist()}
 
 
 def paired_ratio(num: np.ndarray, den: np.ndarray, boot: RequestBootstrap | None) -> tuple[float | None, list | None]:

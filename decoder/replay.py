@@ -61,7 +61,7 @@ from data.errors import OilbirdError
 from data.models import model_slug
 from data.stateindex import check_trainable
 from data.stats import RequestBootstrap
-from data.store import open_store, store_dir
+from data.store import current_summary, open_store, store_dir, store_fingerprint
 from decoder.draft import ROOT, VerifyResult
 from decoder.engine import Cycle, check_draft, pass_record
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
@@ -369,6 +369,32 @@ def replay_dir(out: str | Path, bench: str, slug: str, pool: str = "past") -> Pa
     return store_dir(out, bench, slug).parent / ("replay" if pool == "past" else f"replay-{pool}")
 
 
+def replay_is_current(cfg: ReplayConfig) -> bool:
+    """Every arm of `cfg` has a result with its settings, computed from the store as it is now, and with
+    the speed estimate when a verification-cost profile exists (`--if-missing`)."""
+    from decoder.profile import default_profile_path
+    from data.models import pick_device
+
+    check_config(cfg)
+    if cfg.store or cfg.results_dir or cfg.index != "exact" or cfg.store_budget:
+        return False  # only the default layout is looked up
+    slug = model_slug(cfg.model)
+    root, store = replay_dir(cfg.out, cfg.bench, slug, cfg.pool), store_dir(cfg.out, cfg.bench, slug)
+    profile = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)
+    for arm in resolve_arms(cfg.arms):
+        for nodes in cfg.nodes:
+            folder = root / arm / ("" if len(cfg.nodes) == 1 else f"nodes-{nodes}")
+            s = current_summary(folder / "summary.json", store, nodes=nodes, pool=cfg.pool, limit=cfg.limit,
+                                bootstrap_draws=cfg.bootstrap, seed=cfg.seed)
+            if s is None or (cfg.max_new_tokens and s.get("max_new_tokens") != cfg.max_new_tokens):
+                return False
+            if s.get("estimate") is None and profile.exists():
+                return False
+            if not (folder / "cycles.parquet").exists():
+                return False
+    return True
+
+
 def _worker(job: tuple) -> ArmReplay:
     """One (arm, nodes) in a worker process: the traces come from the store each worker reads itself."""
     arm, nodes, path, limit, cap, pool, vocab_size, queue, settings = job
@@ -465,7 +491,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
         "kind": "replay", "bench": cfg.bench, "model": meta["model"], "model_fingerprint": meta["model_fingerprint"],
-        "store": str(path), "pool": cfg.pool, "limit": cfg.limit,
+        "store": str(path), "store_fingerprint": store_fingerprint(meta), "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
         "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -564,6 +590,28 @@ def _fmt_iv(v, iv, digits=2, pct=False) -> str:
     return txt
 
 
+DEPTH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def format_depth_table(on: dict, off: dict, depths: tuple[int, ...] = DEPTH_ROWS) -> str:
+    """Where the key's gain lands: per depth of the accepted path, the share of passes reaching it with
+    the key and without, and the tokens there that only the semantic source proposed (per pass)."""
+    a, b = on["by_depth"], off["by_depth"]
+    lines = [f"per depth of the accepted path: {on['arm']} ({a['passes']} passes) vs {off['arm']} ({b['passes']} passes)",
+             f"{'depth':>5} {'reach on':>9} {'reach off':>9} {'semantic alone':>15} {'spine':>7} {'semantic':>9}"]
+    for d in depths:
+        if d > min(a["depths"], b["depths"]):
+            break
+        src = a["by_source"]
+        lines.append(f"{d:>5} {100 * a['reach'][d - 1]:>8.1f}% {100 * b['reach'][d - 1]:>8.1f}% "
+                     f"{100 * a['sole_semantic'][d - 1] / max(a['passes'], 1):>14.2f}% "
+                     f"{100 * (src.get('spine') or [0] * d)[d - 1] / max(a['passes'], 1):>6.1f}% "
+                     f"{100 * (src.get('semantic') or [0] * d)[d - 1] / max(a['passes'], 1):>8.1f}%")
+    lines.append("(reach: passes accepting at least d draft tokens; the other columns: accepted tokens at depth d "
+                 "per pass of the arm with the key, by the source that proposed them)")
+    return "\n".join(lines)
+
+
 def format_table(summaries: dict[tuple[str, int], dict]) -> str:
     """The table `python -m decoder replay` prints."""
     width = max([10, *(len(a) + 1 for a, _ in summaries)])
@@ -598,6 +646,8 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
                     (on.get("estimate") or {}).get("speedup"), (off.get("estimate") or {}).get("speedup"))
         lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
         lines.append(f"rule: {v.rule}")
+        if on.get("by_depth") and off.get("by_depth"):
+            lines.append(format_depth_table(on, off))
     notes = {s.get("estimate_note") for s in summaries.values() if s.get("estimate_note")}
     lines += [f"note: {n}" for n in sorted(notes)]
     return "\n".join(lines)
@@ -639,6 +689,8 @@ def replay_main(argv: list[str] | None = None) -> int:
                             "traces leave when a join exceeds it, down to 7/8 of it (default: unbounded)")
         p.add_argument("--index-train", type=int, default=0, metavar="N",
                        help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
+        p.add_argument("--if-missing", action="store_true",
+                       help="skip when every arm's result with these settings exists for the store as it is now")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         args = p.parse_args(argv)
         try:
@@ -650,6 +702,10 @@ def replay_main(argv: list[str] | None = None) -> int:
                            store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=max(0, args.jobs),
                            progress=not args.quiet, index=args.index, store_budget=args.store_budget,
                            index_train_size=args.index_train)
+        if args.if_missing and replay_is_current(cfg):
+            print(f"{replay_dir(cfg.out, cfg.bench, model_slug(cfg.model), cfg.pool)}: every arm's replay of the store "
+                  "as it is now exists (--if-missing); not recomputed", file=sys.stderr)
+            return 0
         t0 = time.perf_counter()
         summaries = run_replay(cfg)
         print(format_table(summaries))

@@ -284,10 +284,11 @@ def budget_chart(labels: list[str], tokens: list[float], series: dict[str, list[
 
 
 def ablation_chart(arms: list[str], tau: list[float | None], lows: list[float | None], highs: list[float | None],
-                   groups: list[str], name: str = "ablations") -> str:
+                   groups: list[str], name: str = "ablations",
+                   title: str = "tau per ablation arm and ladder rung, replay with 95% intervals") -> str:
     """tau per arm as a point with its 95% interval as a whisker, top to bottom in the given order; the colour
-    says the arm's group ("merged", "ablation", "ladder")."""
-    colors = {"merged": VERMILION, "ablation": BLUE, "ladder": GREEN}
+    says the arm's group ("merged", "baseline", "ablation", "ladder")."""
+    colors = {"merged": VERMILION, "baseline": PURPLE, "ablation": BLUE, "ladder": GREEN}
     with matplotlib.rc_context(RC):
         fig, ax = _figure(7.0, 0.32 * len(arms) + 1.1)
         y = np.arange(len(arms))
@@ -310,4 +311,4 @@ def ablation_chart(arms: list[str], tau: list[float | None], lows: list[float | 
         ax.set_xlim(0, max(top) * 1.2 if top and max(top) > 0 else 1)
         ax.set_xlabel("tau (tokens per verification pass), 95% interval")
         ax.legend(frameon=False, loc="lower right")
-        return to_svg(fig, name, "tau per ablation arm and ladder rung, replay with 95% intervals")
+        return to_svg(fig, name, title)

@@ -1,4 +1,5 @@
-"""HTML pages: one per (benchmark, model), the index, and the cross-benchmark grid.
+"""HTML pages: one per (benchmark, model), an evidence page per (benchmark, model) with a replay or an
+ablations.json, the index, and the cross-benchmark grid.
 
 Each page is one self-contained file: inline CSS, charts as inline SVG (reports/charts.py), no
 script, and a Content-Security-Policy that forbids every fetch, so a page makes no network request
@@ -23,6 +24,20 @@ sweeps/: index.json (`python -m census sweep-index`): semantic gap recall agains
 point per index spec, with the 128 B/state target and 95% of exact's recall marked; budget.json
 (`python -m census sweep-budget`): availability, gap and semantic gap recall against the pool's budget,
 the unbounded pool at the right end as "all". An unreadable sweep file is one "not available" line.
+
+The evidence page (<bench>__<model>__evidence.html, linked from the main page, the index and the grid):
+oilbird against each baseline arm (suffix, sam, lexical, recycling, pld): tau with its interval and
+oilbird ÷ arm with its paired interval, from ablations.json's `headline` (`python -m decoder ablations`),
+else from the replay (paired only where an arm was replayed against oilbird); the target line
+(oilbird ≥ 1.25× the best lexical arm, paired lower end above 1: met, not met, or not established
+without an interval); a tau chart with intervals; the replayed oilbird's per-source acceptance; the
+ablations and the transplant ladder (or the command that makes them); and every replayed arm.
+
+The grid: one row per (benchmark, model): requests captured ("N of M (limit L)" when traces/meta.json
+says the capture was limited), Avail / Gap / Recall with their request-bootstrap intervals, the replayed
+tau of suffix, lexical and oilbird, oilbird over the best lexical arm, the sole-source share and the
+verdict; a missing piece is "n/a: <why>". Beside it, the paper's Llama-3.1-8B numbers (PAPER_LLAMA_8B),
+in their own labelled table, never in our columns.
 """
 
 from __future__ import annotations
@@ -41,7 +56,8 @@ from data.errors import OilbirdError
 from decoder.verdict import ENABLE_SHARE, OFF_SHARE, Verdict, verdict
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
-from reports.results import ABLATIONS_COMMAND, DECISION_NODES, SWEEP_COMMANDS, Ablations, Arm, Census, Result, Sweep, wilson
+from reports.results import (ABLATIONS_COMMAND, DECISION_NODES, SEMANTIC_SOURCE, SWEEP_COMMANDS, Ablations, Arm, Census,
+                             Result, Sweep, wilson)
 
 DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)
 SOLE_ENABLE = ENABLE_SHARE  # sole-source share at or above which the semantic source pays (decoder/verdict.py)
@@ -86,6 +102,7 @@ body{margin:0;color:var(--fg);background:#fff;font:15px/1.5 system-ui,-apple-sys
 nav{background:var(--soft);border-bottom:1px solid var(--line);padding:.5rem 1.5rem;font-size:.9rem}
 nav a{margin-right:1rem}
 main{max-width:1100px;margin:0 auto;padding:1rem 1.5rem 3rem}
+main.wide{max-width:1900px}
 h1{font-size:1.55rem;margin:.6rem 0 .2rem}
 h2{font-size:1.2rem;margin:2rem 0 .5rem;padding-bottom:.2rem;border-bottom:1px solid var(--line)}
 h3{font-size:1rem;margin:1.2rem 0 .3rem}
@@ -237,14 +254,17 @@ ENTRY_HEAD = ["quantity", "value", "Wilson 95%", "bootstrap 95%", "n"]
 ENTRY_NUM = {1, 2, 3, 4}
 
 
-def page(title: str, body: str) -> str:
+WIDE = ' class="wide"'  # a page whose tables are wider than the reading column (the grid)
+
+
+def page(title: str, body: str, wide: bool = False) -> str:
     links = '<nav><a href="index.html">All results</a><a href="grid.html">Cross-benchmark grid</a></nav>'
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f'<meta http-equiv="Content-Security-Policy" content="{CSP}">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
             '<meta name="referrer" content="no-referrer">'
             f"<title>{esc(title)}</title><style>{CSS}</style></head>\n"
-            f"<body>{links}<main>\n{body}\n</main></body></html>\n")
+            f"<body>{links}<main{WIDE if wide else ''}>\n{body}\n</main></body></html>\n")
 
 
 def section(sid: str, title: str, *parts: str) -> str:
@@ -676,32 +696,60 @@ def _tau_iv(row: dict | None, key: str = "tau", kind: str = "2f") -> str:
     return number(v, kind) + (f" [{interval(iv, kind)}]" if iv is not None else "")
 
 
+def _exact_text(v) -> str:
+    return "yes" if v is True else "no" if v is False else "n/a"
+
+
+def ablations_command(result: Result) -> str:
+    """The command that writes ablations/ablations.json for this result."""
+    return f"make ablations BENCH={bench_name(result)} MODEL={result.model_name}"
+
+
+def _abl_caveats(abl: Ablations) -> str:
+    bits = []
+    if abl.bad_values:
+        bits.append(f"{abl.bad_values} value(s) in {ABLATIONS_FILE_NAME} were missing or not finite numbers in range "
+                    "and show as n/a")
+    if abl.dropped_rows:
+        bits.append(f"{abl.dropped_rows} row(s) without an arm name were left out")
+    return f'<p class="note">{esc("; ".join(bits))}.</p>' if bits else ""
+
+
+def _interval_ends(rows: list[dict], key: str = "tau") -> tuple[list, list]:
+    ivs = [r.get(f"{key}_interval") or [None, None] for r in rows]
+    return [i[0] for i in ivs], [i[1] for i in ivs]
+
+
 def ablations_section(result: Result) -> str:
-    """The ablations and transplant-ladder section; "" when ablations/ablations.json does not exist."""
+    """The ablations and transplant-ladder section (evidence page); "" when ablations/ablations.json does not
+    exist."""
     abl: Ablations | None = result.ablations
     if abl is None:
         return ""
     sid, title = "ablations", "Ablations and the transplant ladder (replay, pool past)"
     if abl.note:
-        return section(sid, title, not_available(f"{abl.note}; rerun `{ABLATIONS_COMMAND}`"))
+        return section(sid, title, not_available(f"{abl.note}; rerun `{ABLATIONS_COMMAND}` "
+                                                 f"(`{ablations_command(result)}`)"))
     meta = abl.meta
     facts = ", ".join(f"{esc(k)} {esc(number(meta[k]) if not isinstance(meta[k], str) else meta[k])}"
                       for k in ("pool", "nodes", "requests") if k in meta)
     intro = (f'<p class="caption">Replayed arms against the merged decoder (<code>{esc(ABLATIONS_COMMAND)}</code>'
              + (f"; {facts}" if facts else "") + "). tau: tokens per verification pass, 95% interval in brackets; "
-             "vs merged: the arm's tau over the merged arm's, paired.</p>")
+             "vs merged: the arm's tau over the merged arm's, paired; est. speedup: estimated from the "
+             "verification-cost profile, when the replay had one; sole-source share: of all committed tokens.</p>")
     main_rows = ([abl.merged] if abl.merged else []) + abl.ablations
-    rows = [[esc(r["label"]), f"<code>{esc(r['arm'])}</code>", _tau_iv(r), _tau_iv(r, "vs_merged", "ratio")]
+    rows = [[esc(r["label"]), f"<code>{esc(r['arm'])}</code>", _tau_iv(r), _tau_iv(r, "vs_merged", "ratio"),
+             number(r.get("speedup"), "ratio"), share_text(r.get("sole_source")), _exact_text(r.get("exact"))]
             for r in main_rows]
-    tbl = table(["label", "arm", "tau [interval]", "vs merged [interval]"], rows, {2, 3}) if rows else ""
+    tbl = table(["label", "arm", "tau [interval]", "vs merged [interval]", "est. speedup", "sole-source share",
+                 "exact"], rows, {2, 3, 4, 5}) if rows else ""
     plotted = main_rows + [r for _, rungs in abl.ladder for r in rungs if r is not None]
     groups = (["merged"] if abl.merged else []) + ["ablation"] * len(abl.ablations) + [
         "ladder" for _, rungs in abl.ladder for r in rungs if r is not None]
     chart = ""
     if any(r["tau"] is not None for r in plotted):
         chart = charts.ablation_chart([r["arm"] for r in plotted], [r["tau"] for r in plotted],
-                                      [(r["tau_interval"] or [None, None])[0] for r in plotted],
-                                      [(r["tau_interval"] or [None, None])[1] for r in plotted], groups)
+                                      *_interval_ends(plotted), groups)
     ladder = ""
     if abl.ladder:
         lrows = [[esc(d)] + [_tau_iv(rungs[i] if i < len(rungs) else None) for i in range(3)]
@@ -711,14 +759,7 @@ def ablations_section(result: Result) -> str:
                                "tau [95% interval].")
     missing = ("<h3>Not measured</h3><ul>" + "".join(f"<li>{esc(m)}</li>" for m in abl.missing) + "</ul>"
                if abl.missing else "")
-    bits = []
-    if abl.bad_values:
-        bits.append(f"{abl.bad_values} value(s) in {ABLATIONS_FILE_NAME} were missing or not finite numbers in range "
-                    "and show as n/a")
-    if abl.dropped_rows:
-        bits.append(f"{abl.dropped_rows} row(s) without an arm name were left out")
-    caveats = f'<p class="note">{esc("; ".join(bits))}.</p>' if bits else ""
-    return section(sid, title, intro, chart, caveats, tbl, ladder, missing)
+    return section(sid, title, intro, chart, _abl_caveats(abl), tbl, ladder, missing)
 
 
 ABLATIONS_FILE_NAME = "ablations/ablations.json"
@@ -953,24 +994,157 @@ def warm_table(arms: list[Arm]) -> str:
                          "deployment approaches). For comparison only: the decision reads the strictly-past pool.")
 
 
-LEXICAL_ARMS = ("suffix", "sam", "lexical")  # the exact-key drafters oilbird is measured against
+BASELINE_ARMS = ("suffix", "sam", "lexical", "recycling", "pld")  # the headline's baselines (decoder ablations)
+LEXICAL_ARMS = BASELINE_ARMS  # the best lexical arm is chosen among these, as decoder/ablations.py chooses it
+BASELINE_LABELS = {"suffix": "SuffixDecoding", "sam": "SAM-Decoding", "lexical": "lexical sources merged",
+                   "recycling": "Token Recycling", "pld": "prompt lookup (PLD)"}
 TARGET_OVER_LEXICAL = 1.25  # the gain over the best of them that would make the key clearly worth its cost
+TARGET_LOWER = 1.0  # ... with the paired interval's lower end above this
+TARGET_TEXT = (f"tau({ON_ARM}) ≥ {TARGET_OVER_LEXICAL:g}× the best lexical arm's, with the paired 95% interval's "
+               f"lower end above {TARGET_LOWER:g}")
+
+
+def _paired_over(arm: Arm) -> tuple[float | None, list | None]:
+    """oilbird's tau over `arm`'s, paired, from the arm's paired_gain when it was paired against oilbird (its
+    tau_ratio is arm / oilbird: inverted, the percentile interval's ends swap)."""
+    g = _dict(arm.summary.get("paired_gain"))
+    r, iv = g.get("tau_ratio"), g.get("interval")
+    if g.get("versus") != ON_ARM or not _finite(r) or r <= 0:
+        return None, None
+    ok = isinstance(iv, (list, tuple)) and len(iv) == 2 and all(_finite(x) and x > 0 for x in iv)
+    return 1 / r, ([1 / iv[1], 1 / iv[0]] if ok else None)
+
+
+def _replay_row(arm: Arm, label: str) -> dict:
+    tau, iv = _tau(arm.summary)
+    return {"arm": arm.name, "label": label, "tau": tau if _finite(tau) else None,
+            "tau_interval": list(iv) if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(map(_finite, iv))
+            else None, "speedup": _est_speedup(arm), "exact": arm.summary.get("exact")
+            if isinstance(arm.summary.get("exact"), bool) else None, "sole_source": arm.sole_source}
+
+
+@dataclass
+class Comparison:
+    """oilbird against each baseline arm: from ablations.json's `headline` when it has one, else from the replay."""
+
+    source: str  # "ablations.json" or "replay"
+    on: dict | None  # oilbird's row (tau, tau_interval, ...)
+    rows: list[dict]  # one per baseline arm: ... plus oilbird_over_arm, oilbird_over_arm_interval
+    nodes: int | None
+    requests: int | None
+
+
+def comparison(result: Result) -> Comparison | None:
+    abl = result.ablations
+    if abl is not None and not abl.note and abl.headline:
+        nodes, requests = abl.meta.get("nodes"), abl.meta.get("requests")
+        return Comparison("ablations.json", abl.merged, abl.headline, nodes if _finite(nodes) else None,
+                        requests if _finite(requests) else None)
+    on = _named(result.replay, ON_ARM)
+    arms = [a for a in result.replay if a.name in BASELINE_ARMS and (on is None or a.nodes == on.nodes)]
+    if on is None and not arms:
+        return None
+    on_row = _replay_row(on, f"merged ({ON_ARM})") if on is not None else None
+    rows = []
+    for a in sorted(arms, key=lambda a: BASELINE_ARMS.index(a.name)):
+        row = _replay_row(a, BASELINE_LABELS[a.name])
+        ratio, iv = _paired_over(a)
+        if ratio is None and on_row is not None and on_row["tau"] is not None and row["tau"]:
+            ratio = on_row["tau"] / row["tau"]
+        row.update(oilbird_over_arm=ratio, oilbird_over_arm_interval=iv)
+        rows.append(row)
+    ref = on or arms[0]
+    req = ref.summary.get("requests")
+    return Comparison("replay", on_row, rows, ref.nodes, req if _finite(req) else None)
+
+
+@dataclass
+class Target:
+    """The target line: oilbird over the best lexical arm against 1.25x, paired lower end above 1."""
+
+    arm: str  # the best lexical arm
+    arm_tau: float | None
+    on_tau: float | None
+    ratio: float
+    interval: list | None  # paired 95% interval of the ratio, when known
+    status: str  # "met", "not met" or "not established" (at or above the line, but no paired interval)
+    considered: list[str]  # the lexical arms compared
+    source: str  # as Comparison.source
+    file_says: bool | None  # ablations.json's own target_met, when the numbers came from it
+
+
+def target(result: Result, h: Comparison | None = None) -> Target | None:
+    h = h if h is not None else comparison(result)
+    if h is None:
+        return None
+    lex = [r for r in h.rows if r["arm"] in LEXICAL_ARMS and _finite(r.get("tau"))]
+    on_tau = h.on.get("tau") if h.on else None
+    on_tau = on_tau if _finite(on_tau) else None
+    abl = result.ablations
+    best = abl.best_lexical if h.source == "ablations.json" and abl is not None else None
+    if best is None:
+        if not lex:
+            return None
+        best = max(lex, key=lambda r: r["tau"])
+    ratio, iv = best.get("oilbird_over_arm"), best.get("oilbird_over_arm_interval")
+    if not _finite(ratio):
+        row = next((r for r in h.rows if r["arm"] == best["arm"]), {})
+        ratio, iv = row.get("oilbird_over_arm"), iv or row.get("oilbird_over_arm_interval")
+    arm_tau = best.get("tau") if _finite(best.get("tau")) else None
+    if not _finite(ratio) and on_tau is not None and arm_tau:
+        ratio = on_tau / arm_tau
+    if not _finite(ratio):
+        return None
+    iv = iv if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(map(_finite, iv)) else None
+    if ratio < TARGET_OVER_LEXICAL or (iv is not None and iv[0] <= TARGET_LOWER):
+        status = "not met"
+    else:
+        status = "met" if iv is not None else "not established"
+    return Target(best["arm"], arm_tau, on_tau, float(ratio), iv, status, sorted(r["arm"] for r in lex),
+                  h.source, abl.target_met if h.source == "ablations.json" and abl is not None else None)
+
+
+TARGET_CSS = {"met": "enable", "not met": "off", "not established": "neutral"}
+
+
+def target_text(t: Target) -> str:
+    """One paragraph: oilbird against the best lexical arm, the ratio with its paired interval, and the verdict
+    on the 1.25x target with the reason."""
+    iv = f" [paired 95% {t.interval[0]:.3f}–{t.interval[1]:.3f}]" if t.interval else ""
+    short = ("" if t.ratio >= TARGET_OVER_LEXICAL else
+             f", short of the {TARGET_OVER_LEXICAL:g}× line by "
+             f"{100 * (TARGET_OVER_LEXICAL - t.ratio) / TARGET_OVER_LEXICAL:.1f}%")
+    if t.status == "met":
+        why = f"at or above {TARGET_OVER_LEXICAL:g}× and the paired lower end {t.interval[0]:.3f} is above 1"
+    elif t.ratio < TARGET_OVER_LEXICAL:
+        why = f"below {TARGET_OVER_LEXICAL:g}×"
+    elif t.interval is not None:
+        why = f"the paired lower end {t.interval[0]:.3f} is not above 1"
+    else:
+        why = ("no paired interval for the ratio (replay the arms paired against oilbird: "
+               "`python -m decoder ablations`)")
+    among = ", ".join(t.considered) if t.considered else t.arm
+    where = "ablations/ablations.json" if t.source == "ablations.json" else "the replay"
+    disagree = ""
+    if t.file_says is not None and t.status != "not established" and t.file_says != (t.status == "met"):
+        disagree = (f" ({ABLATIONS_FILE_NAME} itself says target_met = {str(t.file_says).lower()}; the numbers "
+                    "shown give the verdict above.)")
+    elif t.file_says is not None and t.status == "not established":
+        disagree = f" ({ABLATIONS_FILE_NAME} says target_met = {str(t.file_says).lower()}.)"
+    return (f'<div class="callout {TARGET_CSS[t.status]} target"><p>Against the best lexical arm (of '
+            f"{esc(among)}; from {esc(where)}): <strong>{ON_ARM}</strong> tau {number(t.on_tau, '2f')} vs "
+            f"<strong>{esc(t.arm)}</strong> {number(t.arm_tau, '2f')}, <strong>{t.ratio:.3f}×</strong>{iv}{short}."
+            f"</p>\n<p>Target, {esc(TARGET_TEXT)}: <strong>{esc(t.status)}</strong> ({esc(why)}).{esc(disagree)}</p>"
+            "</div>")
 
 
 def lexical_comparison(result: Result, on: Arm) -> str:
-    """oilbird's tau against the best replayed lexical arm at the same node budget, and the 1.25x line."""
-    t_on = _tau(on.summary)[0]
-    taus = {a.name: _tau(a.summary)[0] for a in result.replay if a.name in LEXICAL_ARMS and a.nodes == on.nodes}
-    taus = {k: v for k, v in taus.items() if _finite(v)}
-    if not _finite(t_on) or not taus:
+    """oilbird's tau against the best lexical arm (ablations.json's headline, else the replay at the same node
+    budget), and the 1.25x target line."""
+    t = target(result)
+    if t is None:
         return not_available(f"no lexical arm ({', '.join(LEXICAL_ARMS)}) replayed beside {ON_ARM} to compare with")
-    best = max(taus, key=taus.get)
-    ratio = t_on / taus[best]
-    short = ("" if ratio >= TARGET_OVER_LEXICAL else
-             f", short of the {TARGET_OVER_LEXICAL:g}× line by {100 * (TARGET_OVER_LEXICAL - ratio) / TARGET_OVER_LEXICAL:.1f}%")
-    return (f"<p>Against the best lexical arm replayed ({esc(', '.join(sorted(taus)))}): <strong>{ON_ARM}</strong> "
-            f"tau {number(t_on)} vs <strong>{esc(best)}</strong> {number(taus[best])}, "
-            f"<strong>{ratio:.3f}×</strong>{short}.</p>")
+    return target_text(t)
 
 
 def decision_section(result: Result) -> str:
@@ -1057,6 +1231,10 @@ def decision_section(result: Result) -> str:
         parts.append("<h3>Node budgets</h3>" + nodes_table(result.replay_nodes, chosen))
     if result.replay_warm:
         parts.append("<h3>Warm pool</h3>" + warm_table(result.replay_warm))
+    if has_evidence(result):
+        parts.append(f'<p class="note">{ON_ARM} against every baseline with paired intervals, where its tokens come '
+                     f'from, the ablations and the transplant ladder: <a href="{href(evidence_name(result))}">the '
+                     "evidence page</a>.</p>")
     return section(sid, title, *parts)
 
 
@@ -1145,6 +1323,177 @@ def sole_source_block(result: Result) -> str:
                            caption="Sole-source share: accepted tokens that only the semantic source proposed.")
 
 
+# ---------------------------------------------------------------- the evidence page (replay and ablations)
+
+def has_evidence(result: Result) -> bool:
+    """Whether the result gets an evidence page: it has a replay (strictly-past pool) or an ablations.json."""
+    return bool(result.replay) or result.ablations is not None
+
+
+def evidence_name(result: Result) -> str:
+    return f"{result.slug}__evidence.html"
+
+
+def evidence_link(result: Result) -> str:
+    return f'<a href="{href(evidence_name(result))}">evidence</a>' if has_evidence(result) else ""
+
+
+def comparison_section(result: Result) -> str:
+    """oilbird against each baseline arm (tau, oilbird ÷ arm paired), the 1.25x target line and a tau chart."""
+    sid, title = "comparison", f"{ON_ARM} against the baselines"
+    h = comparison(result)
+    abl = result.ablations
+    if h is None:
+        return section(sid, title, not_available(
+            f"no replay of {ON_ARM} or of a baseline arm ({', '.join(BASELINE_ARMS)}) and no headline in "
+            f"{ABLATIONS_FILE_NAME}: run `{ablations_command(result)}`"))
+    facts = ", ".join(bit for bit in (f"{number(h.nodes)} nodes" if h.nodes is not None else "",
+                                      f"{number(h.requests)} requests" if h.requests is not None else "") if bit)
+    if h.source == "ablations.json":
+        intro = (f'<p class="caption">From <code>{ABLATIONS_FILE_NAME}</code> (pool past'
+                 + (f", {facts}" if facts else "") + f"): {ON_ARM} and each baseline replayed over the same requests. "
+                 f"tau: tokens per verification pass, request-bootstrap 95% interval; {ON_ARM} ÷ arm: the ratio of "
+                 "the two taus with its paired interval (the same requests resampled jointly).</p>")
+        older = ""
+    else:
+        why = ("has no headline (an older file)" if abl is not None and not abl.note else
+               "could not be read" if abl is not None else "does not exist")
+        intro = ('<p class="caption">From the replay (<code>replay/&lt;arm&gt;/summary.json</code>, pool past'
+                 + (f", {facts}" if facts else "") + f"): {ABLATIONS_FILE_NAME} {esc(why)}. tau: tokens per "
+                 f"verification pass, request-bootstrap 95% interval; {ON_ARM} ÷ arm: the ratio of the two taus, "
+                 "paired only where the arm was replayed paired against oilbird.</p>")
+        older = (f'<p class="note">The paired intervals, the ablations and the transplant ladder come from '
+                 f"<code>{esc(ablations_command(result))}</code>.</p>")
+    t = target(result, h)
+    line = target_text(t) if t is not None else not_available(
+        f"no lexical arm ({', '.join(LEXICAL_ARMS)}) beside {ON_ARM} to hold to the target ({TARGET_TEXT})")
+    rows = []
+    if h.on is not None:
+        rows.append([esc(h.on.get("label") or ON_ARM), f"<code>{esc(h.on['arm'])}</code>", _tau_iv(h.on), "1",
+                     number(h.on.get("speedup"), "ratio"), _exact_text(h.on.get("exact"))])
+    for r in h.rows:
+        rows.append([esc(r["label"]), f"<code>{esc(r['arm'])}</code>", _tau_iv(r),
+                     gain_text(r.get("oilbird_over_arm"), r.get("oilbird_over_arm_interval")),
+                     number(r.get("speedup"), "ratio"), _exact_text(r.get("exact"))])
+    tbl = table(["", "arm", "tau [95%]", f"{ON_ARM} ÷ arm [paired 95%]", "est. speedup", "exact"], rows,
+                {2, 3, 4}, caption="est. speedup: estimated from a verification-cost profile (n/a without one); "
+                                   "exact: the replay makes the same passes as live decoding.")
+    plotted = ([h.on] if h.on is not None else []) + h.rows
+    chart = ""
+    if any(_finite(r.get("tau")) for r in plotted):
+        chart = charts.ablation_chart([r["arm"] for r in plotted], [r.get("tau") for r in plotted],
+                                      *_interval_ends(plotted),
+                                      (["merged"] if h.on is not None else []) + ["baseline"] * len(h.rows),
+                                      name="comparison", title=f"tau of {ON_ARM} and each baseline arm, replay "
+                                                               "with 95% intervals")
+    caveats = _abl_caveats(abl) if h.source == "ablations.json" and abl is not None else ""
+    return section(sid, title, intro, line, tbl, chart, caveats, older)
+
+
+def sources_section(result: Result) -> str:
+    """Per-source acceptance of the replayed oilbird: drafted nodes, accepted tokens, acceptance rate; its
+    sole-source shares; the drafter's counters."""
+    sid, title = "sources", f"Where {ON_ARM}'s accepted tokens come from (replay)"
+    on = _named(result.replay, ON_ARM)
+    if on is None:
+        return section(sid, title, not_available(f"no replay of {ON_ARM} (run `{replay_command(result)}`)"))
+    s = on.summary
+    acc, drafted, rate = (_dict(s.get(k)) for k in ("accepted_by_source", "drafted_by_source",
+                                                     "acceptance_rate_by_source"))
+    sources = list(dict.fromkeys([*acc, *drafted, *rate]))
+    parts = [shares_paragraph(on, "replay")]
+    total = s.get("accepted_draft_tokens")
+    if sources:
+        rows = []
+        for src in sources:
+            a, d, r = acc.get(src), drafted.get(src), rate.get(src)
+            if not _finite(r) and _finite(a) and _finite(d) and d > 0:
+                r = a / d
+            rows.append([esc(src), number(d), number(a), number(r, "pct"),
+                         number(a / total, "pct") if _finite(a) and _finite(total) and total > 0 else "n/a"])
+        parts.append(table(["source", "drafted nodes", "accepted tokens", "acceptance rate",
+                            "of accepted draft tokens"], rows, {1, 2, 3, 4},
+                           caption="A token proposed by several sources is credited to each, so the last column "
+                                   f"can sum above 100% (accepted draft tokens: {number(total)}). Acceptance "
+                                   "rate: accepted over drafted nodes of that source."))
+    else:
+        parts.append(not_available(f"the replay summary of {ON_ARM} has no per-source attribution "
+                                   "(accepted_by_source)"))
+    stats = {k: v for k, v in _dict(s.get("drafter_stats")).items() if _finite(v) or isinstance(v, bool)}
+    if stats:
+        parts.append("<h3>Drafter counters</h3>" + table(
+            ["counter", "value"], [[esc(humanize(k)), number(v)] for k, v in stats.items()], {1},
+            caption=f"As the replay of {ON_ARM} reports them (summary.json `drafter_stats`)."))
+    return section(sid, title, *parts)
+
+
+DEPTH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+def _depth(arm: Arm | None) -> dict | None:
+    d = _dict(arm.summary.get("by_depth")) if arm is not None else {}
+    ok = d and isinstance(d.get("reach"), list) and isinstance(d.get("by_source"), dict) and _finite(d.get("passes"))
+    return d if ok else None
+
+
+def depth_section(result: Result) -> str:
+    """Per depth of the accepted path (summary.json `by_depth`): how many passes reach it with the key and
+    without, and which source proposed the tokens accepted there: where the key's tau gain lands."""
+    sid, title = "depth", f"Where the key's gain lands: acceptance per depth ({ON_ARM} against {OFF_ARM}, replay)"
+    on, off = _depth(_named(result.replay, ON_ARM)), _depth(_named(result.replay, OFF_ARM))
+    if on is None or off is None:
+        return section(sid, title, not_available(
+            f"no per-depth acceptance (summary.json `by_depth`) in the replays of {ON_ARM} and {OFF_ARM}; a replay "
+            f"made before it was recorded: rerun `{replay_command(result)}`"))
+    n = max(on["passes"], 1)
+    src = on["by_source"]
+    names = [k for k in ("spine", "branch", "adjacency", SEMANTIC_SOURCE, "rollout") if k in src]
+    names += sorted(k for k in src if k not in names)
+    rows = []
+    for d in DEPTH_ROWS:
+        if d > min(len(on["reach"]), len(off["reach"])):
+            break
+        sole = on.get("sole_semantic") or []
+        rows.append([str(d), number(on["reach"][d - 1], "pct"), number(off["reach"][d - 1], "pct"),
+                     number(sole[d - 1] / n, "pct") if len(sole) >= d else "n/a",
+                     *[number(src[k][d - 1] / n, "pct") if len(src[k]) >= d else "n/a" for k in names]])
+    head = ["depth d", f"passes reaching d ({ON_ARM})", f"passes reaching d ({OFF_ARM})",
+            "semantic alone", *[f"{esc(k)}" for k in names]]
+    caption = (f"Passes reaching d: share of verification passes accepting at least d draft tokens ({number(on['passes'])} "
+               f"passes with the key, {number(off['passes'])} without: the same tokens in fewer passes is the tau gain). "
+               "The other columns: accepted tokens at depth d per pass of the arm with the key, by the source that "
+               "proposed them (a token several sources proposed counts for each); semantic alone: proposed by no "
+               "other source, the sole-source share by depth.")
+    return section(sid, title, table(head, rows, set(range(1, len(head))), caption=caption))
+
+
+def evidence_page(result: Result) -> str:
+    """The evidence of one (benchmark, model): oilbird against the baselines with the target line, where its
+    tokens come from, the ablations and transplant ladder, and every replayed arm."""
+    bench = bench_name(result)
+    title = f"Evidence: {bench} · {result.model_name}"
+    parts = [f"<h1>{esc(title)}</h1>",
+             f'<p class="sub">Replay and ablation results from <code>{esc(result.bench)}/{esc(result.model)}/</code>'
+             f' (strictly-past pool). <a href="{href(page_name(result))}">Main report</a> (census, decision, live '
+             "decoder).</p>",
+             comparison_section(result), sources_section(result), depth_section(result)]
+    if result.ablations is not None:
+        parts.append(ablations_section(result))
+    else:
+        parts.append(section("ablations", "Ablations and the transplant ladder (replay, pool past)", not_available(
+            f"no {ABLATIONS_FILE_NAME} under {result.bench}/{result.model}/: `{ablations_command(result)}` "
+            f"(`{ABLATIONS_COMMAND}`) replays the ablations, the transplant ladder and the paired headline")))
+    if result.replay:
+        notes: list[str] = []
+        tbl = replay_table(result, notes)
+        parts.append(section("replay", "Every replayed arm (pool past)", tbl,
+                             "".join(f'<p class="note">[{k}] not exact: {esc(n)}</p>' for k, n in enumerate(notes, 1))))
+    else:
+        parts.append(section("replay", "Every replayed arm (pool past)", not_available(
+            f"no replay under {result.bench}/{result.model}/replay/ (run `{replay_command(result)}`)")))
+    return page(title, "\n".join(parts))
+
+
 # ---------------------------------------------------------------- pages
 
 def result_page(result: Result, census: Census | None = None, token_text: TokenText | None = None,
@@ -1155,21 +1504,24 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
     bench = bench_name(result, census)
     title = f"Gap report: {bench} · {result.model_name}" + (f" · pool {census.pool}" if census and
                                                              census.pool != "past" else "")
+    main_page = census is None or census is result.census
+    links = [f'<a href="{href(name)}">{esc(label)}</a>' for name, label in others]
+    if main_page and has_evidence(result):
+        links.append(f'<a href="{href(evidence_name(result))}">evidence: {ON_ARM} against the baselines, '
+                     "ablations</a>")
     parts = [f"<h1>{esc(title)}</h1>",
              f'<p class="sub">Results from <code>{esc(result.bench)}/{esc(result.model)}/</code>. '
-             + (" ".join(f'<a href="{href(name)}">{esc(label)}</a>' for name, label in others)) + "</p>"]
-    main_page = census is None or census is result.census
+             + " ".join(links) + "</p>"]
     if census is None:
         parts.append(decision_section(result))
         parts.append(section("census", "Census", not_available(
             f"no census under {result.bench}/{result.model}/ (run `python -m census --bench ...`)")))
         parts += sweep_sections(result)
-        parts.append(ablations_section(result))
     else:
         parts += [headline(result, census), decision_section(result) if main_page else "",
                   proportions_table(census), mechanism_section(census),
                   coverage_section(census), cliff_section(census), novel_section(census), threshold_section(census),
-                  *(sweep_sections(result) + [ablations_section(result)] if main_page else []),
+                  *(sweep_sections(result) if main_page else []),
                   cases_section(result, census, token_text)]
     if main_page:
         parts.append(decoder_section(result))
@@ -1236,7 +1588,8 @@ def index_page(results: list[Result]) -> str:
         best = fastest_arm(r)
         d = decide(r)
         links = [f'<a href="{href(page_name(r))}">report</a>'] + [
-            f'<a href="{href(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]]
+            f'<a href="{href(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]] + (
+            [evidence_link(r)] if has_evidence(r) else [])
         rows.append([esc(bench_name(r, c)), esc(r.model_name), number(s.get("positions")) if c else "–",
                      _cell(s.get("available")) if c else "–", _cell(s.get("gap")) if c else "–",
                      _cell(s.get("recall")) if c else "–",
@@ -1253,36 +1606,206 @@ def index_page(results: list[Result]) -> str:
     return page("Oilbird gap reports", body)
 
 
+# The paper's numbers, Llama-3.1-8B on a GPU (/work/shared/paper/oilbird.tex), never mixed into our columns:
+#   avail, gap, recall: Table tab:census-grid ("The same three questions, across ten benchmarks"), Llama-3.1-8B
+#     columns, percent of generated positions (Recall: of gap positions), strictly-past pools; the API-Bank row's
+#     request-bootstrap intervals are from that table's caption.
+#   tau_suffix, tau_oilbird: Table tab:main-echo ("The three repetitive workloads"), Llama-3.1-8B block, tau of
+#     SuffixDecoding and of Oilbird (Ours); only these three benchmarks are in it.
+# Keys are this toolkit's benchmark names (data/benchmarks.py); `name` is the paper's.
+PAPER_LLAMA_8B = {
+    "apibank": {"name": "API-Bank", "avail": 92, "gap": 6.8, "recall": 81, "gap_bootstrap": (5.9, 7.8),
+                "recall_bootstrap": (76.7, 84.8), "tau_suffix": 4.87, "tau_oilbird": 6.76},
+    "taubench-retail": {"name": "tau-bench retail", "avail": 81, "gap": 13.4, "recall": 42, "tau_suffix": 2.67,
+                        "tau_oilbird": 4.06},
+    "toolalpaca": {"name": "ToolAlpaca", "avail": 65, "gap": 24.8, "recall": 47, "tau_suffix": 2.35,
+                   "tau_oilbird": 3.44},
+    "humaneval": {"name": "HumanEval", "avail": 63, "gap": 27.8, "recall": 42},
+    "classeval": {"name": "ClassEval", "avail": 47, "gap": 25.7, "recall": 45},
+    "gsm8k": {"name": "GSM8K", "avail": 51, "gap": 31.6, "recall": 55},
+    "specbench-math": {"name": "SpecBench-math", "avail": 46, "gap": 30.6, "recall": 58},
+    "mtbench": {"name": "MT-Bench", "avail": 26, "gap": 21.5, "recall": 9},
+}
+PAPER_LABEL = "the paper's (Llama-3.1-8B, GPU)"
+
+
+def na(why: str) -> str:
+    """A table cell that is not known, with the reason."""
+    return f'<span class="na">n/a: {esc(why)}</span>'
+
+
+def _expected_requests(bench: str) -> int | None:
+    """The benchmark's full request count from the registry, when it has one (for a capture whose meta.json
+    records a limit but not the total)."""
+    try:
+        from data.benchmarks import EXPECTED_COUNTS
+    except Exception:  # the registry is a courtesy here; the page stands without it
+        return None
+    n = EXPECTED_COUNTS.get(bench) if isinstance(EXPECTED_COUNTS, dict) else None
+    return n if _finite(n) else None
+
+
+def captured_requests(result: Result) -> tuple[int | None, int | None, int | None, bool]:
+    """(requests captured, the benchmark's total when known, the capture's limit, complete) from traces/meta.json
+    (`n_requests`, `requests_total`, `limit`, `complete`), else the census's or the replay's request count."""
+    meta = result.meta or {}
+    n = meta.get("n_requests")
+    for s in ([result.census.summary] if result.census else []) + [a.summary for a in result.replay]:
+        if not _finite(n):
+            n = s.get("requests")
+    n = int(n) if _finite(n) else None
+    limit = meta.get("limit")
+    limit = int(limit) if _finite(limit) and limit > 0 else None
+    total = meta.get("requests_total")
+    if not _finite(total) and limit is not None:
+        bench = meta.get("bench") if isinstance(meta.get("bench"), str) else bench_name(result)
+        total = _expected_requests(bench)
+    total = int(total) if _finite(total) else None
+    return n, total, limit, meta.get("complete") is not False
+
+
+def requests_cell(result: Result) -> str:
+    """Requests captured; "N of M (limit L)" when the capture was limited, "(incomplete)" when meta.json says so."""
+    n, total, limit, complete = captured_requests(result)
+    if n is None:
+        return na("no trace store meta.json, census or replay")
+    text = f"{n:,}"
+    if total is not None and (limit is not None or total != n):
+        text += f" of {total:,}"
+    bits = ([f"limit {limit:,}"] if limit is not None else []) + ([] if complete else ["incomplete"])
+    if limit is not None and total is None:
+        bits.append("total not recorded")
+    return text + (f" ({', '.join(bits)})" if bits else "")
+
+
+def census_cell(result: Result, key: str) -> str:
+    """A census share with its request-bootstrap interval (Wilson in the tooltip), or n/a with the reason."""
+    if result.census is None:
+        return na("no census")
+    e = result.census.summary.get(key)
+    if _value(e) is None:
+        return na(f"no {key} in the census summary")
+    tip = f"Wilson 95% {interval(e.get('wilson'))}; request bootstrap 95% {interval(e.get('bootstrap'))}"
+    return f'<span title="{esc(tip)}">{with_iv(e["value"], e.get("bootstrap"), "pct")}</span>'
+
+
+def arm_tau_cell(result: Result, name: str) -> str:
+    """tau of a replayed arm (strictly-past pool) with its interval, or n/a with the reason."""
+    if not result.replay:
+        return na("no replay")
+    a = _named(result.replay, name)
+    if a is None:
+        return na(f"{name} not replayed")
+    tau, iv = _tau(a.summary)
+    if not _finite(tau):
+        return na("no tau in its summary")
+    return f'<span title="{esc(f"{name}, {number(a.nodes)} nodes")}">{with_iv(tau, iv)}</span>'
+
+
+def target_cell(result: Result) -> str:
+    t = target(result)
+    if t is None:
+        return na(f"no {ON_ARM} and lexical replay")
+    return f"{gain_text(t.ratio, t.interval)} over {esc(t.arm)}: <strong>{esc(t.status)}</strong>"
+
+
+def grid_share_cell(d: Decision | None) -> str:
+    e = d.arm.sole_source if d is not None else None
+    if not e or not _finite(e.get("share")):
+        return na(f"no sole-source share of {ON_ARM}")
+    tip = f"{d.arm.name} ({d.source}): {BASIS_TEXT[e['basis']]}"
+    return (f'<span title="{esc(tip)}">{with_iv(e["share"], e.get("interval"), "pct")}</span>'
+            + ("" if e["basis"] == "committed" else " (draft)"))
+
+
+def paper_key(result: Result) -> str | None:
+    for name in (bench_name(result, result.census), result.bench):
+        if name in PAPER_LLAMA_8B:
+            return name
+    return None
+
+
+def _paper_pct(row: dict, key: str) -> str:
+    v = row.get(key)
+    if v is None:
+        return '<span class="na">not in the table</span>'
+    iv = row.get(f"{key}_bootstrap")
+    return f"{v:g}%" + (f" [{iv[0]:g}–{iv[1]:g}%]" if iv else "")
+
+
+def paper_table(keys: list[str]) -> str:
+    """The paper's Llama-3.1-8B numbers for these benchmarks (keys of PAPER_LLAMA_8B), labelled as the paper's."""
+    rows = []
+    for k in keys:
+        row = PAPER_LLAMA_8B[k]
+        tau = lambda key: (f"{row[key]:.2f}" if key in row  # noqa: E731
+                           else '<span class="na">not in tab:main-echo</span>')
+        rows.append([f"{esc(k)} <span class=\"note\">({esc(row['name'])})</span>", _paper_pct(row, "avail"),
+                     _paper_pct(row, "gap"), _paper_pct(row, "recall"), tau("tau_suffix"), tau("tau_oilbird")])
+    return table(["benchmark (paper's name)", "Avail (paper)", "Gap (paper)", "Recall (paper)",
+                  "tau SuffixDecoding (paper)", "tau Oilbird (paper)"], rows, {1, 2, 3, 4, 5},
+                 caption=f"<strong>{esc(PAPER_LABEL)}</strong> numbers, quoted for comparison and not computed here: "
+                         "Avail, Gap and Recall from the paper's Table tab:census-grid (Llama-3.1-8B columns, "
+                         "rounded as printed; request-bootstrap intervals where its caption gives them); tau from its "
+                         "Table tab:main-echo (Llama-3.1-8B, entire benchmark, greedy), which covers only the three "
+                         "repetitive workloads. Other model, other hardware: compare shapes, not digits.")
+
+
+def grid_order(result: Result) -> tuple:
+    """The grid's benchmarks in the grid's order (data/benchmarks.py GRID_BENCHES), any other after them."""
+    try:
+        from data.benchmarks import GRID_BENCHES
+    except ImportError:  # reports read files; the registry only orders them
+        GRID_BENCHES = ()
+    order = {b: k for k, b in enumerate(GRID_BENCHES)}
+    return (order.get(result.bench, len(order)), result.bench)
+
+
 def grid_page(results: list[Result]) -> str:
     models = sorted({r.model_name for r in results})
     parts = ["<h1>Across benchmarks</h1>",
-             '<p class="sub">The census\'s three questions per benchmark. <em>Avail</em>: the next two tokens occur '
-             "verbatim in an earlier trace; <em>Gap</em>: available yet not produced by the exact-match oracle (the "
-             "two differ in horizon, so the columns do not subtract); <em>Recall</em>: gap positions where the "
-             "semantic key surfaces the true next token. Strictly-past pools; hover a value for its intervals.</p>"]
+             '<p class="sub">The census\'s three questions per benchmark, and what the replay makes of them. '
+             "<em>Avail</em>: the next two tokens occur verbatim in an earlier trace; <em>Gap</em>: available yet not "
+             "produced by the exact-match oracle (the two differ in horizon, so the columns do not subtract); "
+             "<em>Recall</em>: gap positions where the semantic key surfaces the true next token; request-bootstrap "
+             "95% intervals in brackets (hover for Wilson). tau: tokens per verification pass of the replayed arm, "
+             f"strictly-past pool; {ON_ARM} ÷ best lexical: against the {TARGET_OVER_LEXICAL:g}× target (paired "
+             "interval where the ablations ran). Requests: the captured ones, \"of\" the benchmark's total when "
+             f"the capture was limited. Our runs only: {esc(PAPER_LABEL)} numbers are in their own table below "
+             "each.</p>"]
     for model in models:
-        rows_r = [r for r in results if r.model_name == model]
+        rows_r = sorted((r for r in results if r.model_name == model), key=grid_order)
         with_census = [r for r in rows_r if r.census]
         rows = []
         for r in rows_r:
-            s = r.census.summary if r.census else {}
             d = decide(r)
             pool = f" (pool {r.census.pool})" if r.census and r.census.pool != "past" else ""
+            links = " · ".join(x for x in (f'<a href="{href(page_name(r))}">report</a>', evidence_link(r)) if x)
             rows.append([f'<a href="{href(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}',
-                         number(s.get("positions")) if s else "–", _cell(s.get("available")), _cell(s.get("gap")),
-                         _cell(s.get("recall")),
-                         interval(_dict(s.get("gap")).get("bootstrap")) if s else "–",
-                         share_cell(d), replay_tau_cell(r), verdict_cell(d)])
+                         requests_cell(r), number(r.census.summary.get("positions")) if r.census else na("no census"),
+                         census_cell(r, "available"), census_cell(r, "gap"), census_cell(r, "recall"),
+                         arm_tau_cell(r, "suffix"), arm_tau_cell(r, "lexical"), arm_tau_cell(r, ON_ARM),
+                         target_cell(r), grid_share_cell(d),
+                         verdict_cell(d) if d is not None else na("no sole-source share"), links])
         parts.append(f"<h2>{esc(model)}</h2>" + table(
-            ["benchmark", "positions", "Avail", "Gap", "Recall", "Gap, bootstrap 95%", "sole-source share",
-             "tau oilbird (replay)", "verdict"], rows, {1, 2, 3, 4, 5, 6, 7}))
+            ["benchmark", "requests", "positions", "Avail [95%]", "Gap [95%]", "Recall [95%]", "tau suffix [95%]",
+             "tau lexical [95%]", f"tau {ON_ARM} [95%]", f"{ON_ARM} ÷ best lexical", "sole-source share [95%]",
+             "verdict", "pages"], rows, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10}))
         if with_census:
             series = {label: [100 * v if (v := _value(r.census.summary.get(key))) is not None else None
                               for r in with_census]
                       for label, key in (("Avail", "available"), ("Gap", "gap"), ("Recall", "recall"))}
             parts.append(charts.grid_chart([bench_name(r, r.census) for r in with_census], series,
                                            name=f"grid{models.index(model)}"))
-    return page("Oilbird: across benchmarks", "\n".join(parts))
+        keys = list(dict.fromkeys(k for r in rows_r if (k := paper_key(r)) is not None))
+        absent = [f"{PAPER_LLAMA_8B[k]['name']} ({k})" for k in PAPER_LLAMA_8B if k not in keys]
+        paper = (f"<h3>Beside it: {esc(PAPER_LABEL)} numbers for these benchmarks</h3>"
+                 + (paper_table(keys) if keys else
+                    '<p class="note">None of these benchmarks is in the paper\'s tables.</p>')
+                 + (f'<p class="note">The paper also reports (no results here for {esc(model)}): '
+                    f"{esc(', '.join(absent))}.</p>" if absent else ""))
+        parts.append(paper)
+    return page("Oilbird: across benchmarks", "\n".join(parts), wide=True)
 
 
 def render_site(results: list[Result], token_text: TokenText | None = None, progress: bool = False) -> dict[str, str]:
@@ -1300,6 +1823,8 @@ def render_site(results: list[Result], token_text: TokenText | None = None, prog
         pages[page_name(r)] = result_page(r, token_text=tt, others=links)
         for c in r.censuses[1:]:
             pages[page_name(r, c)] = result_page(r, c, token_text=tt, others=[(page_name(r), "main report")])
+        if has_evidence(r):
+            pages[evidence_name(r)] = evidence_page(r)
     pages["grid.html"] = grid_page(results)
     pages["index.html"] = index_page(results)
     return pages

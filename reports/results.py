@@ -13,6 +13,7 @@ Layout read (written by the census and the decoder; only files are read, no code
   runs/<bench>/<model>/replay-warm/<arm>/...       replay with the warm pool (every other request's trace)
   runs/<bench>/<model>/sweeps/index.json           `python -m census sweep-index`: gap recall per index spec
   runs/<bench>/<model>/sweeps/budget.json          `python -m census sweep-budget`: the census per pool budget
+  runs/<bench>/<model>/ablations/ablations.json    `python -m decoder ablations`: ablations, ladder, headline
 
 Folders whose name starts with "." are temporary (a folder being written) and are skipped.
 A census or an arm counts as a result when its summary.json exists. A summary.json that is not a
@@ -327,14 +328,21 @@ ABLATIONS_COMMAND = "python -m decoder ablations"
 @dataclass
 class Ablations:
     """ablations/ablations.json (`python -m decoder ablations`): rows {label, arm, tau, tau_interval, vs_merged,
-    vs_merged_interval}; a number that is not finite and in range reads as None, an interval that is not two
-    finite numbers as None."""
+    vs_merged_interval, sole_source_share, exact, speedup}; a number that is not finite and in range reads as None,
+    an interval that is not two finite numbers as None.
+
+    Newer files add `headline` (the same rows for the baseline arms suffix, sam, lexical, recycling, pld, each with
+    `oilbird_over_arm` and its paired `oilbird_over_arm_interval`), `best_lexical` ({arm, tau, oilbird_over_arm,
+    oilbird_over_arm_interval}) and `target_met` (a bool); an older file without them reads as empty / None."""
 
     path: Path
     meta: dict = field(default_factory=dict)  # bench, model, pool, nodes, requests, seconds (those well formed)
     merged: dict | None = None
     ablations: list[dict] = field(default_factory=list)
     ladder: list[tuple[str, list[dict | None]]] = field(default_factory=list)  # (drafter, [base, +pool, +key])
+    headline: list[dict] = field(default_factory=list)  # oilbird against each baseline arm (newer files)
+    best_lexical: dict | None = None  # {arm, tau, oilbird_over_arm, oilbird_over_arm_interval} (newer files)
+    target_met: bool | None = None  # the file's own verdict on the 1.25x target (newer files)
     missing: list[str] = field(default_factory=list)
     note: str | None = None  # set when the file could not be read: the page shows this one line instead
     bad_values: int = 0
@@ -347,13 +355,16 @@ def _interval(v) -> list[float] | None:
     return None
 
 
+RATIO_KEYS = ("vs_merged", "oilbird_over_arm")  # paired ratios a row may carry, each with `<key>_interval`
+
+
 def _ablation_row(raw, abl: Ablations) -> dict | None:
     if not isinstance(raw, dict) or not isinstance(raw.get("arm"), str) or not raw["arm"]:
         abl.dropped_rows += 1
         return None
     label = raw.get("label")
     row = {"arm": raw["arm"], "label": label if isinstance(label, str) and label else raw["arm"]}
-    for key, rule in (("tau", POSITIVE), ("vs_merged", NONNEG)):
+    for key, rule in (("tau", POSITIVE), *((k, NONNEG) for k in RATIO_KEYS)):
         v = raw.get(key)
         row[key] = float(v) if _in_range(v, rule) else None
         if row[key] is None and v is not None:
@@ -362,6 +373,15 @@ def _ablation_row(raw, abl: Ablations) -> dict | None:
         row[f"{key}_interval"] = _interval(iv)
         if row[f"{key}_interval"] is None and iv is not None:
             abl.bad_values += 1
+    v = raw.get("speedup")
+    row["speedup"] = float(v) if _in_range(v, POSITIVE) else None
+    if row["speedup"] is None and v is not None:
+        abl.bad_values += 1
+    row["exact"] = raw.get("exact") if isinstance(raw.get("exact"), bool) else None
+    share = raw.get("sole_source_share")
+    row["sole_source"] = _share_entry(share, "committed", "ablations.json") if share is not None else None
+    if share is not None and row["sole_source"] is None:
+        abl.bad_values += 1
     return row
 
 
@@ -385,11 +405,10 @@ def read_ablations(path: Path) -> Ablations:
             abl.meta[key] = v
     if obj.get("merged") is not None:
         abl.merged = _ablation_row(obj.get("merged"), abl)
-    rows = obj.get("ablations")
-    for raw in rows if isinstance(rows, list) else []:
-        row = _ablation_row(raw, abl)
-        if row is not None:
-            abl.ablations.append(row)
+    for key, into in (("ablations", abl.ablations), ("headline", abl.headline)):
+        rows = obj.get(key)
+        into += [row for row in (_ablation_row(raw, abl) for raw in (rows if isinstance(rows, list) else []))
+                 if row is not None]
     ladder = obj.get("ladder")
     for raw in ladder if isinstance(ladder, list) else []:
         rungs = raw.get("rungs") if isinstance(raw, dict) else None
@@ -397,9 +416,18 @@ def read_ablations(path: Path) -> Ablations:
             abl.dropped_rows += 1
             continue
         abl.ladder.append((raw["drafter"], [_ablation_row(r, abl) for r in rungs[:3]]))
+    best = obj.get("best_lexical")
+    if isinstance(best, dict) and isinstance(best.get("arm"), str) and best["arm"]:
+        abl.best_lexical = _ablation_row(best, abl)
+    elif best is not None:
+        abl.bad_values += 1
+    if isinstance(obj.get("target_met"), bool):
+        abl.target_met = obj["target_met"]
+    elif obj.get("target_met") is not None:
+        abl.bad_values += 1
     missing = obj.get("missing")
     abl.missing = [m for m in missing if isinstance(m, str)] if isinstance(missing, list) else []
-    if abl.merged is None and not abl.ablations and not abl.ladder:
+    if abl.merged is None and not abl.ablations and not abl.ladder and not abl.headline:
         abl.note = f"{name} holds no usable rows"
     return abl
 

@@ -1,8 +1,11 @@
-"""Arm variants (`arm@field=value`) and the ablation command's table."""
+"""Arm variants (`arm@field=value`, in replay and in the live decoder), the one-source arm in replay, and the
+ablation command's table with its headline rows."""
 
 from __future__ import annotations
 
 import pytest
+
+from pathlib import Path
 
 from data.errors import OilbirdError
 from decoder.drafters import make_drafter, parse_variant
@@ -64,17 +67,17 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
 
     from data.capture import CaptureConfig, capture
     from decoder.__main__ import main as decoder_main
-    from decoder.ablations import ABLATIONS, LADDER
+    from decoder.ablations import ABLATIONS, HEADLINE, LADDER, LEXICAL_ARMS
     from decoder.replay import ReplayConfig, run_replay
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
     bench = write_jsonl(tmp_path / "bench.jsonl", STORY_PROMPTS)
     out = str(tmp_path / "runs")
     capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=24, out=out, progress=False), lm=stories)
-    assert decoder_main(["ablations", "--bench", bench, "--model", "stories260k", "--out", out, "--bootstrap", "0",
+    assert decoder_main(["ablations", "--bench", bench, "--model", "stories260k", "--out", out, "--bootstrap", "200",
                          "--jobs", "1", "--quiet"]) == 0
     text = capsys.readouterr().out
-    assert "transplant ladder" in text and "oilbird@k=4" in text
+    assert "transplant ladder" in text and "oilbird@k=4" in text and "headline" in text and "best lexical" in text
     files = list((tmp_path / "runs").rglob("ablations.json"))
     assert len(files) == 1
     r = json.loads(files[0].read_text())
@@ -86,3 +89,74 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
     row = next(a for a in r["ablations"] if a["arm"] == "oilbird-no-semantic")
     assert row["tau"] == pytest.approx(own[("oilbird-no-semantic", 60)]["tau"]["value"])
     assert row["vs_merged"] == pytest.approx(row["tau"] / r["merged"]["tau"])
+    assert "oilbird-one-source" in [a["arm"] for a in r["ablations"]]
+    assert not [m for m in r["missing"] if "no arm yet" in m]
+    # the headline: every baseline against oilbird both ways, from one replay (pld / recycling shared with the ladder)
+    assert [h["arm"] for h in r["headline"]] == [a for _, a in HEADLINE]
+    rungs = {x["arm"]: x for lad in r["ladder"] for x in lad["rungs"]}
+    for h in r["headline"]:
+        assert h["vs_merged"] == pytest.approx(h["tau"] / r["merged"]["tau"])
+        assert h["oilbird_over_arm"] == pytest.approx(1 / h["vs_merged"])
+        lo, hi = h["oilbird_over_arm_interval"]
+        vlo, vhi = h["vs_merged_interval"]
+        # the replay's own bootstrap draws, so the percentile interval of 1/x sits at 1/hi .. 1/lo
+        assert lo == pytest.approx(1 / vhi, rel=0.05) and hi == pytest.approx(1 / vlo, rel=0.05)
+        if h["arm"] in rungs:
+            assert h["tau"] == rungs[h["arm"]]["tau"]
+    best = max((h for h in r["headline"] if h["arm"] in LEXICAL_ARMS), key=lambda h: h["tau"])
+    assert r["best_lexical"]["arm"] == best["arm"]
+    assert r["best_lexical"]["oilbird_over_arm"] == best["oilbird_over_arm"]
+    ratio, (lo, _) = best["oilbird_over_arm"], best["oilbird_over_arm_interval"]
+    assert r["target_met"] == (ratio >= 1.25 and lo > 1.0)
+
+
+def test_one_source_replays_one_source_per_pass():
+    """oilbird-one-source in replay: every pass drafts the lexical sources or the semantic one, never both;
+    both occur on this traffic; every pass chose one; attribution counts each source."""
+    from decoder.passes import pass_statistics
+
+    traces = phrase_traffic()  # no top-8 in these traces: no adjacency, so the gate would stay shut; lift it
+    run = replay_arm("oilbird-one-source@gate=off", traces, 60, "past", VOCAB)
+    lexical, semantic = {"spine", "branch", "adjacency"}, {"semantic", "rollout"}
+    kinds = set()
+    for c in (c for cs in run.cycles for c in cs):
+        drafted = set(c.node_sources)
+        assert drafted <= lexical or drafted <= semantic, drafted
+        if drafted:
+            kinds.add("lexical" if drafted <= lexical else "semantic")
+    assert kinds == {"lexical", "semantic"}
+    st = run.stats
+    assert st["chose_lexical"] > 0 and st["chose_semantic"] > 0
+    assert st["chose_lexical"] + st["chose_semantic"] + st["gated"] == st["passes"]
+    stats = pass_statistics(run.cycles, run.has_key, None)
+    assert stats["accepted_by_source"].get("semantic", 0) > 0 and stats["accepted_by_source"].get("spine", 0) > 0
+
+
+def test_live_decoder_takes_arm_variants(stories, tmp_path):
+    """`python -m decoder --arms` accepts arm@field=value like replay: the variant's config is the one served, and
+    it decodes lossless against plain greedy, token for token."""
+    from decoder.harness import DecodeConfig, library_drafters, resolve_arms as live_arms, run_decode
+    from tests.conftest import STORY_PROMPTS, write_jsonl
+
+    factories = library_drafters()
+    assert live_arms(("oilbird-one-source@one_source_min_match=3", "sam@spine_max=4"), factories) == (
+        ["ar", "oilbird-one-source@one_source_min_match=3", "sam@spine_max=4"], True)
+    made = factories["sam@spine_max=4"](stories, DecodeConfig(bench="x"))
+    assert made.config.spine_max == 4 and made.name == "sam@spine_max=4"
+    for arms, words in [(("oilbird@theta=high",), "cannot read theta"), (("nosuch@k=4",), "unknown arm 'nosuch@k=4'"),
+                        (("ar@k=4",), "unknown arm 'ar@k=4'"), (("oilbird@nosuch=1",), "has no field nosuch")]:
+        with pytest.raises(OilbirdError, match=words):
+            live_arms(arms, library_drafters())
+    bench = write_jsonl(tmp_path / "bench.jsonl", STORY_PROMPTS + [STORY_PROMPTS[1] + " " + STORY_PROMPTS[1]])
+    arms = ("ar", "oilbird-one-source@one_source_min_match=3", "oilbird-one-source", "sam@spine_max=4")
+    summaries = run_decode(DecodeConfig(bench=bench, model="stories260k", arms=arms, max_new_tokens=40,
+                                        out=str(tmp_path / "runs"), progress=False), lm=stories)
+    assert list(summaries) == list(arms)
+    for arm in arms[1:]:
+        s = summaries[arm]
+        assert s["lossless"]["lossless"], (arm, s["lossless"]["mismatches"])
+        assert s["generated_tokens"] == summaries["ar"]["generated_tokens"]
+        assert (Path(s["decode_dir"]) / arm / "summary.json").exists()
+    for arm in arms[1:3]:
+        st = summaries[arm]["drafter_stats"]
+        assert st["chose_lexical"] + st["chose_semantic"] + st["gated"] == st["passes"] > 0

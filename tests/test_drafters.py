@@ -17,7 +17,7 @@ from decoder.drafters import DRAFTERS, make_drafter
 from decoder.drafters.lexical import ADJACENCY, BRANCH, SPINE, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import RANK_PRIOR, AdjacencyTable, default_template
-from decoder.drafters.sam import AutomatonIndex, SuffixAutomaton, automaton_chains
+from decoder.drafters.sam import AutomatonIndex, SuffixAutomaton, automaton_chains, automaton_match
 from decoder.drafters.suffix import SuffixConfig, SuffixDrafter
 
 FAST = settings(max_examples=60, deadline=None)
@@ -135,7 +135,7 @@ def test_sam_extension_is_amortized_constant():
 
 # ---------- the automaton's spine and branches (arms sam / lexical) ----------
 
-def naive_spine_and_branches(pool, req_hash, context, spine_max, top, branch_max):
+def naive_spine_and_branches(pool, req_hash, context, spine_max, top, branch_max, with_length=False):
     excluded = {k for k, (_, h) in enumerate(pool) if req_hash is not None and h == req_hash}
     seqs = [t for t, _ in pool]
     n = len(context)
@@ -156,7 +156,7 @@ def naive_spine_and_branches(pool, req_hash, context, spine_max, top, branch_max
                 p_len, p_cont = L, seqs[k][e + 1 : e + 1 + spine_max]
                 break
     if not r_cont and not p_cont:
-        return [], []
+        return (0, [], []) if with_length else ([], [])
     use_request = bool(r_cont) and r_len >= p_len
     spine = r_cont if use_request else p_cont
     s = context[-(r_len if use_request else p_len):]
@@ -179,7 +179,8 @@ def naive_spine_and_branches(pool, req_hash, context, spine_max, top, branch_max
             k, e = max(occ)
             ranked.append(((len(occ), (k, e), c), [c] + seqs[k][e + 1 : e + branch_max]))
     ranked.sort(reverse=True)
-    return spine, [chain for _, chain in ranked[:top]]
+    branches = [chain for _, chain in ranked[:top]]
+    return (r_len if use_request else p_len, spine, branches) if with_length else (spine, branches)
 
 
 pools = st.lists(st.tuples(tokens3, hashes), max_size=4)
@@ -198,6 +199,9 @@ def test_automaton_chains_vs_naive(pool, prompt, generated, req_hash, spine_max,
         index.sync(context[:i])
     got = automaton_chains(index, spine_max, top, branch_max)
     assert got == naive_spine_and_branches(pool, req_hash, context, spine_max, top, branch_max)
+    # the match length SAM-Decoding's rule reads (oilbird-one-source): the suffix the spine continues
+    assert automaton_match(index, spine_max, top, branch_max) == naive_spine_and_branches(
+        pool, req_hash, context, spine_max, top, branch_max, with_length=True)
 
 
 def test_same_prompt_traces_are_never_drafted_from():
@@ -546,3 +550,93 @@ def test_make_drafter_errors():
     with pytest.raises(OilbirdError, match="no option"):
         make_drafter("sam", vocab_size=10, bogus=1)
     assert make_drafter("lexical", vocab_size=10, adjacency_reserve=8).config.adjacency_reserve == 8
+
+
+# ---------- one source per step (oilbird-one-source, SAM-Decoding's rule) ----------
+
+def _basis(d, i):
+    e = np.zeros(d, np.float32)
+    e[i] = 1
+    return e
+
+
+def _one_source_frame(arm, prompt, h_t=None):
+    """An Oilbird arm whose pool holds one trace 30 .. 39 with states e0 .. e8, an adjacency row 40, 41 at the
+    prompt's anchor, and h_t (default e1: the key's neighbour is the trace's position 1)."""
+    d = make_drafter(arm, vocab_size=64, nodes=60)
+    d.add_trace(list(range(30, 40)), "old", np.stack([_basis(16, i) for i in range(9)] + [np.zeros(16)]))
+    d.begin_request(prompt)
+    if d.table is not None:  # semantic-only has none
+        d.table.update([prompt[-1]], np.array([[40, 41, -1, -1, -1, -1, -1, -1]]))
+    d.h_t = _basis(16, 1) if h_t is None else h_t
+    return d
+
+
+def _same_tree(a: Draft, b: Draft) -> bool:
+    return (a.tokens, a.parents, a.sources) == (b.tokens, b.parents, b.sources)
+
+
+SHORT = [1, 2, 30, 31, 32]  # the automaton's match: "30 31 32" in the pool, 3 tokens
+LONG = [1, 2, 30, 31, 32, 33, 34]  # 5 tokens
+NEAR = 0.85 * _basis(16, 4) + np.sqrt(1 - 0.85 ** 2) * _basis(16, 15)  # s = 0.85 at position 4: x[6 : 14]
+
+
+def test_one_source_picks_semantic_below_the_match_threshold():
+    """Match 3 < 5: the semantic draft alone, at the whole budget: exactly what semantic-only proposes."""
+    d = _one_source_frame("oilbird-one-source", SHORT, NEAR)
+    assert automaton_match(d.index, 32, 3, 32)[0] == 3
+    draft = d.propose(SHORT, 60)
+    assert draft.tokens == [36, 37, 38, 39] and draft.parents == [ROOT, 0, 1, 2]
+    assert draft.sources == [{"semantic"}] * 4
+    ref = _one_source_frame("semantic-only", SHORT, NEAR)
+    assert _same_tree(draft, ref.propose(SHORT, 60))
+    assert (d.counters["chose_semantic"], d.counters["chose_lexical"], d.counters["key_queries"]) == (1, 0, 1)
+    assert sorted(d._bought) == [0, 1, 2, 3]  # self-calibration judges the key on the nodes it proposed
+    # merged (oilbird), the same step holds both sources in one tree
+    merged = _one_source_frame("oilbird", SHORT, NEAR).propose(SHORT, 60)
+    assert {"spine", "semantic"} <= set().union(*merged.sources)
+
+
+def test_one_source_picks_lexical_at_the_match_threshold():
+    """Match 5 >= 5: the lexical host's tree at the whole budget (spine, branches, adjacency), the key not queried."""
+    d = _one_source_frame("oilbird-one-source", LONG, _basis(16, 3))
+    assert automaton_match(d.index, 32, 3, 32)[0] == 5
+    draft = d.propose(LONG, 60)
+    assert _same_tree(draft, build_lexical(d.index, d.table, 60, LexicalConfig()))
+    assert draft.tokens == [35, 36, 37, 38, 39, 40, 41]
+    assert draft.sources == [{SPINE}] * 5 + [{ADJACENCY}] * 2
+    assert (d.counters["chose_lexical"], d.counters["chose_semantic"], d.counters["key_queries"]) == (1, 0, 0)
+
+
+@pytest.mark.parametrize("threshold, source", [(0, "lexical"), (3, "lexical"), (4, "semantic"), (5, "semantic")])
+def test_one_source_threshold_is_a_variant_field(threshold, source):
+    d = _one_source_frame(f"oilbird-one-source@one_source_min_match={threshold}", SHORT, NEAR)
+    assert d.config.one_source and d.config.one_source_min_match == threshold
+    draft = d.propose(SHORT, 60)
+    want = {"lexical": [33, 34, 35, 36, 37, 38, 39, 40, 41], "semantic": [36, 37, 38, 39]}
+    assert draft.tokens == want[source] and d.counters[f"chose_{source}"] == 1
+
+
+def test_one_source_exact_at_every_budget_and_fallbacks():
+    for budget in range(0, 14):
+        d = _one_source_frame("oilbird-one-source", SHORT, NEAR)
+        ref = _one_source_frame("semantic-only", SHORT, NEAR)
+        assert _same_tree(d.propose(SHORT, budget), ref.propose(SHORT, budget)), budget
+        d = _one_source_frame("oilbird-one-source", LONG, _basis(16, 3))
+        assert _same_tree(d.propose(LONG, budget), build_lexical(d.index, d.table, budget, LexicalConfig())), budget
+    # the key silent (no state yet: the request's first pass): an empty semantic draft gives way to the lexical one
+    d = _one_source_frame("oilbird-one-source", SHORT)
+    d.h_t = None
+    draft = d.propose(SHORT, 60)
+    assert _same_tree(draft, build_lexical(d.index, d.table, 60, LexicalConfig())) and d.counters["chose_lexical"] == 1
+    # the gate as in oilbird: no automaton match, adjacency only (Token Recycling's draft), the key never asked
+    d = _one_source_frame("oilbird-one-source", [1, 2, 50])
+    draft = d.propose([1, 2, 50], 60)
+    assert draft.tokens == [40, 41] and d.counters["gated"] == 1 and d.counters["key_queries"] == 0
+
+
+def test_one_source_bad_settings_are_one_line():
+    with pytest.raises(OilbirdError, match="one_source needs host lexical"):
+        make_drafter("semantic-only@one_source=on", vocab_size=10)
+    with pytest.raises(OilbirdError, match="one_source_min_match must be 0 or more"):
+        make_drafter("oilbird-one-source@one_source_min_match=-1", vocab_size=10)

@@ -292,3 +292,19 @@ def test_profile_of_another_model_is_refused(small_store, tmp_path, capsys):
     code, err = _cli(["--bench", bench, "--model", "stories260k", "--out", out, "--arms", "sam",
                       "--profile", prof], capsys)
     assert code == 2 and len(err) == 1 and "measured for model" in err[0]
+
+
+def test_depth_profile_exact():
+    from types import SimpleNamespace as C
+
+    from decoder.passes import depth_profile
+
+    cycles = [C(accepted=3, sources=["spine", "semantic|spine", "semantic"]),
+              C(accepted=1, sources=["adjacency"]),
+              C(accepted=0, sources=[]),
+              C(accepted=2, sources=["semantic", "spine"])]
+    p = depth_profile(cycles, depths=4)
+    assert p["passes"] == 4 and p["reach"] == [0.75, 0.5, 0.25, 0.0]
+    assert p["by_source"] == {"adjacency": [1, 0, 0, 0], "semantic": [1, 1, 1, 0], "spine": [1, 2, 0, 0]}
+    assert p["sole_semantic"] == [1, 0, 1, 0]
+    assert depth_profile([C(accepted=5, sources=["spine"] * 5)], depths=2)["reach"] == [1.0, 1.0]

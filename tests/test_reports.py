@@ -1062,20 +1062,41 @@ def test_browser_renders_offline_without_errors(tmp_path):
 
 # ---------------------------------------------------------------- ablations (python -m decoder ablations)
 
-def abl_row(label: str, arm: str, tau: float, iv: list | None, vs: float | None, vs_iv: list | None) -> dict:
+def abl_row(label: str, arm: str, tau: float, iv: list | None, vs: float | None, vs_iv: list | None,
+            **extra) -> dict:
     return {"label": label, "arm": arm, "tau": tau, "tau_interval": iv, "vs_merged": vs, "vs_merged_interval": vs_iv,
-            "sole_source_share": None, "exact": False, "speedup": 2.0}
+            "sole_source_share": None, "exact": False, "speedup": 2.0, **extra}
 
 
 def ablations_json(**override) -> dict:
     return {"bench": "toy", "model": "toy-model", "pool": "past", "nodes": 60, "requests": 12, "seconds": 3.5,
             "merged": abl_row("merged (oilbird)", "oilbird", 8.5, [8.0, 9.0], None, None),
             "ablations": [abl_row("lexical only", "oilbird-no-semantic", 7.25, [7.0, 7.5], 0.925, [0.9, 0.95]),
-                          abl_row("k=8", "oilbird@k=8:x", 8.0, None, 0.94, None)],
+                          abl_row("k=8", "oilbird@k=8:x", 8.0, None, 0.94, None),
+                          abl_row("one source per step (SAM-Decoding's rule)", "oilbird-one-source", 7.9,
+                                  [7.5, 8.3], 0.93, [0.91, 0.95],
+                                  sole_source_share={"value": 0.04, "interval": [0.03, 0.05], "sole": 40,
+                                                     "tokens": 1000})],
             "ladder": [{"drafter": "pld", "rungs": [abl_row("pld", "pld", 4.36, [4.16, 4.57], 0.5, [0.49, 0.52]),
                                                     abl_row("pld+pool", "pld+pool", 5.63, [5.37, 5.88], 0.65, None),
                                                     abl_row("pld+key", "pld+key", 5.76, [5.46, 6.05], 0.67, None)]}],
-            "missing": ["one source chosen per step: no arm yet", "ring buffer <off>"], **override}
+            "missing": ["ring buffer <off>"], **override}
+
+
+def headline_json(best_ratio: float, best_iv: list | None, target_met: bool | None = None, **override) -> dict:
+    """ablations.json with the newer `headline`, `best_lexical` and `target_met` (oilbird 8.5 against five
+    baselines; lexical is the best lexical arm, oilbird / lexical = best_ratio [best_iv])."""
+    taus = {"suffix": 5.0, "sam": 6.0, "lexical": 8.5 / best_ratio, "recycling": 3.0, "pld": 4.0}
+    rows = []
+    for arm, tau in taus.items():
+        ratio, iv = (best_ratio, best_iv) if arm == "lexical" else (8.5 / tau, [8.5 / tau - 0.2, 8.5 / tau + 0.2])
+        rows.append(abl_row(f"baseline {arm}", arm, tau, [tau - 0.25, tau + 0.25], 1 / ratio, None,
+                            oilbird_over_arm=ratio, oilbird_over_arm_interval=iv, exact=arm != "lexical"))
+    extra = {"headline": rows, "best_lexical": {"arm": "lexical", "tau": taus["lexical"], "oilbird_over_arm": best_ratio,
+                                                "oilbird_over_arm_interval": best_iv}}
+    if target_met is not None:
+        extra["target_met"] = target_met
+    return ablations_json(**extra, **override)
 
 
 def write_ablations(runs: Path, content: dict | str) -> None:
@@ -1084,53 +1105,80 @@ def write_ablations(runs: Path, content: dict | str) -> None:
     (folder / "ablations.json").write_text(content if isinstance(content, str) else json.dumps(content))
 
 
+EVIDENCE = "toy__toy-model__evidence.html"
+
+
+def site(runs: Path) -> dict[str, str]:
+    """Every page of `runs`, each checked to be offline and free of duplicate element ids."""
+    pages = render_site(find_results(runs), token_text=nasty_text())
+    for name, page in pages.items():
+        tags = assert_offline(page)
+        ids = [a["id"] for _, a in tags.tags if "id" in a]
+        assert len(ids) == len(set(ids)), name
+    return pages
+
+
 def test_ablations_section_states_the_numbers(tmp_path):
     runs = make_runs(tmp_path, decode=False)
     write_sweeps(runs, budget=budget_sweep())
     write_ablations(runs, ablations_json())
-    page = render_one(runs)
-    assert_offline(page)
-    ids = [a["id"] for _, a in parse(page).tags if "id" in a]
-    assert len(ids) == len(set(ids))
-    assert page.index('id="sweep-budget"') < page.index('id="ablations"') < page.index('id="cases"')
+    pages = site(runs)
+    # the section lives on the evidence page; the main report links to it instead of repeating it
+    main = pages["toy__toy-model.html"]
+    assert 'id="ablations"' not in main and f'href="{EVIDENCE}"' in main
+    page = pages[EVIDENCE]
+    assert page.index('id="comparison"') < page.index('id="ablations"') < page.index('id="replay"')
     block = sweep_block(page, "ablations")
     assert "Ablations and the transplant ladder (replay, pool past)" in page
     rows = table_rows(block)
-    assert rows["label"] == ["label", "arm", "tau [interval]", "vs merged [interval]"]
-    assert rows["merged (oilbird)"] == ["merged (oilbird)", "oilbird", "8.50 [8.00–9.00]", "n/a"]
+    assert rows["label"] == ["label", "arm", "tau [interval]", "vs merged [interval]", "est. speedup",
+                             "sole-source share", "exact"]
+    assert rows["merged (oilbird)"] == ["merged (oilbird)", "oilbird", "8.50 [8.00–9.00]", "n/a", "2.00×", "–", "no"]
     assert rows["lexical only"] == ["lexical only", "oilbird-no-semantic", "7.25 [7.00–7.50]",
-                                    "0.93× [0.90×–0.95×]"]
-    assert rows["k=8"] == ["k=8", "oilbird@k=8:x", "8.00", "0.94×"]
+                                    "0.93× [0.90×–0.95×]", "2.00×", "–", "no"]
+    assert rows["k=8"] == ["k=8", "oilbird@k=8:x", "8.00", "0.94×", "2.00×", "–", "no"]
+    # the one-source arm (SAM-Decoding's rule) is an ordinary row, its sole-source share with interval and counts
+    assert rows["one source per step (SAM-Decoding's rule)"][1:] == [
+        "oilbird-one-source", "7.90 [7.50–8.30]", "0.93× [0.91×–0.95×]", "2.00×", "4.00% [3.00–5.00%] (40 of 1,000)",
+        "no"]
     assert rows["drafter"] == ["drafter", "base", "+pool", "+key"]
     assert rows["pld"] == ["pld", "4.36 [4.16–4.57]", "5.63 [5.37–5.88]", "5.76 [5.46–6.05]"]
     text = block_text(block)
-    assert "Not measured" in text and "ring buffer <off>" in text and "no arm yet" in text
+    assert "Not measured" in text and "ring buffer <off>" in text
     svg = re.search(r"<svg.*?</svg>", block, re.S).group(0)
-    for label in ("oilbird", "oilbird-no-semantic", "oilbird@k=8:x", "pld", "pld+pool", "pld+key"):
+    for label in ("oilbird", "oilbird-no-semantic", "oilbird@k=8:x", "oilbird-one-source", "pld", "pld+pool",
+                  "pld+key"):
         assert f">{label}</text>" in svg, label
     # merged first, then the ablations, then the rungs
     assert svg.index(">oilbird</text>") < svg.index(">oilbird-no-semantic</text>") < svg.index(">pld+key</text>")
     assert "n/a" not in text.replace("n/a", "", 1)  # only the merged arm's vs merged
+    # an older file (no headline) and no replay: the comparison says where its numbers would come from
+    comp = block_text(sweep_block(page, "comparison"))
+    assert "not available: no replay of oilbird or of a baseline arm" in comp
+    assert "make ablations BENCH=toy MODEL=toy-model" in comp
 
 
 def test_ablations_absent_without_file(tmp_path, toy_page):
-    assert 'id="ablations"' not in toy_page and "transplant ladder" not in toy_page
+    assert 'id="ablations"' not in toy_page and "transplant ladder" not in toy_page and "evidence" not in toy_page
     runs = make_runs(tmp_path, decode=False)
     (runs / "toy" / "toy-model" / "ablations").mkdir(parents=True)
-    assert 'id="ablations"' not in render_one(runs)
+    assert set(site(runs)) == {"toy__toy-model.html", "grid.html", "index.html"}  # no replay, no file: no page
 
 
 def test_ablation_text_is_escaped(tmp_path):
     runs = make_runs(tmp_path, decode=False)
-    abl = ablations_json(missing=["<b>bold</b>"])
+    abl = headline_json(1.1, [1.05, 1.15], missing=["<b>bold</b>"])
     abl["ablations"][0]["arm"] = "<script>alert(1)</script>"
     abl["ablations"][1]["label"] = '<img src=x onerror=alert(1)> "q" & more'
+    abl["headline"][0]["label"] = "<i>suffix</i> & co"
+    abl["best_lexical"]["arm"] = "<u>lexical</u>"
     write_ablations(runs, abl)
-    page = render_one(runs)
+    page = site(runs)[EVIDENCE]
     tags = assert_offline(page)
-    assert not any(t in ("script", "img", "b") for t, _ in tags.tags)
+    assert not any(t in ("script", "img", "b", "i", "u") for t, _ in tags.tags)
     text = "".join(tags.text)
-    for s in ("<script>alert(1)</script>", '<img src=x onerror=alert(1)> "q" & more', "<b>bold</b>"):
+    for s in ("<script>alert(1)</script>", '<img src=x onerror=alert(1)> "q" & more', "<b>bold</b>",
+              "<i>suffix</i> & co", "<u>lexical</u>"):
         assert s in text, s
     svg = re.search(r"<svg.*?</svg>", sweep_block(page, "ablations"), re.S).group(0)
     assert ">&lt;script&gt;alert(1)&lt;/script&gt;</text>" in svg
@@ -1140,9 +1188,235 @@ def test_ablation_text_is_escaped(tmp_path):
 def test_corrupt_ablations_give_a_note(tmp_path, content):
     runs = make_runs(tmp_path, decode=False)
     write_ablations(runs, content)
-    page = render_one(runs)
-    assert_offline(page)
+    page = site(runs)[EVIDENCE]  # an ablations.json, even unreadable, makes the evidence page
     block = sweep_block(page, "ablations")
     text = block_text(block)
     assert "not available: ablations/ablations.json" in text and "python -m decoder ablations" in text
+    assert text.count("not available") == 1  # one line
     assert "Traceback" not in page and "<svg" not in block and "<table" not in block
+
+
+# ---------------------------------------------------------------- the evidence page
+
+def evidence(runs: Path) -> tuple[str, str, dict[str, list[str]]]:
+    """(the evidence page, the comparison section's text, its table rows)."""
+    page = site(runs)[EVIDENCE]
+    block = sweep_block(page, "comparison")
+    assert block is not None
+    return page, block_text(block), table_rows(block)
+
+
+def target_of(page: str) -> tuple[str, str]:
+    """(css class, text) of the target callout."""
+    m = re.search(r'<div class="callout (\w+) target">(.*?)</div>', page, re.S)
+    assert m, "no target line"
+    return m.group(1), block_text(m.group(2))
+
+
+def test_evidence_headline_target_met(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_ablations(runs, headline_json(1.3, [1.1, 1.5], target_met=True))
+    page, text, rows = evidence(runs)
+    assert "From ablations/ablations.json (pool past, 60 nodes, 12 requests)" in text
+    assert rows[""] == ["", "arm", "tau [95%]", "oilbird ÷ arm [paired 95%]", "est. speedup", "exact"]
+    assert rows["merged (oilbird)"] == ["merged (oilbird)", "oilbird", "8.50 [8.00–9.00]", "1", "2.00×", "no"]
+    assert rows["baseline suffix"] == ["baseline suffix", "suffix", "5.00 [4.75–5.25]", "×1.700 [1.500–1.900]",
+                                       "2.00×", "yes"]
+    assert rows["baseline lexical"][2:4] == ["6.54 [6.29–6.79]", "×1.300 [1.100–1.500]"]
+    assert [r for r in rows if r.startswith("baseline ")] == [f"baseline {a}" for a in
+                                                              ("suffix", "sam", "lexical", "recycling", "pld")]
+    cls, line = target_of(page)
+    assert cls == "enable"
+    assert ("oilbird tau 8.50 vs lexical 6.54, 1.300× [paired 95% 1.100–1.500]. Target, tau(oilbird) ≥ 1.25× the best "
+            "lexical arm's, with the paired 95% interval's lower end above 1: met (at or above 1.25× and the paired "
+            "lower end 1.100 is above 1).") in line
+    assert "target_met" not in line  # the file agrees
+    svg = re.search(r"<svg.*?</svg>", sweep_block(page, "comparison"), re.S).group(0)
+    assert all(f">{a}</text>" in svg for a in ("oilbird", "suffix", "sam", "lexical", "recycling", "pld"))
+    assert ">baseline</text>" in svg and ">merged</text>" in svg  # the legend
+    # the main report's decision section reads the same target line
+    write_replay(runs / "toy" / "toy-model", replay_arms(0.12, [1.02, 1.08]))
+    _, dtext = decision_of(site(runs)["toy__toy-model.html"])
+    assert "1.300× [paired 95% 1.100–1.500]" in dtext and ": met (" in dtext
+
+
+@pytest.mark.parametrize("ratio, iv, file_says, why", [
+    (1.3, [0.95, 1.6], True, "the paired lower end 0.950 is not above 1"),  # above the line, interval crosses 1
+    (1.1, [1.05, 1.15], None, "below 1.25×"),  # paired gain real, but short of the line
+])
+def test_evidence_headline_target_not_met(tmp_path, ratio, iv, file_says, why):
+    runs = make_runs(tmp_path, decode=False)
+    write_ablations(runs, headline_json(ratio, iv, target_met=file_says))
+    page, _, _ = evidence(runs)
+    cls, line = target_of(page)
+    assert cls == "off" and f": not met ({why})." in line
+    assert (", short of the 1.25× line by 12.0%" in line) == (ratio < 1.25)
+    if file_says is not None:  # the file's own verdict disagrees with its numbers: said, not hidden
+        assert "ablations/ablations.json itself says target_met = true" in line
+
+
+def test_evidence_without_ablations_reads_the_replay(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    arms = replay_arms(0.12, [1.02, 1.08])
+    arms[0]["paired_gain"] = {"versus": "oilbird", "tau_ratio": 0.8, "interval": [0.75, 0.85]}  # suffix / oilbird
+    arms[-1]["drafted_by_source"] = {"spine": 400, "semantic": 200}
+    arms[-1]["accepted_by_source"] = {"spine": 100, "semantic": 50}
+    arms[-1]["accepted_draft_tokens"] = 125
+    arms[-1]["drafter_stats"] = {"key_queries": 5812, "semantic_key": True, "note": "<not a number>"}
+    write_replay(runs / "toy" / "toy-model", arms)
+    pages = site(runs)
+    page, text, rows = evidence(runs)
+    assert "From the replay (replay/<arm>/summary.json, pool past, 60 nodes, 534 requests): ablations/ablations.json " \
+           "does not exist" in text
+    assert "make ablations BENCH=toy MODEL=toy-model" in text
+    # a paired interval where the arm was replayed against oilbird (inverted: 1/0.8 [1/0.85, 1/0.75]), else none
+    assert rows["SuffixDecoding"][1:4] == ["suffix", "4.60 [4.30–4.90]", "×1.250 [1.176–1.333]"]
+    assert rows["lexical sources merged"][1:4] == ["lexical", "5.20 [4.90–5.50]", "×1.079"]
+    assert "SAM-Decoding" not in rows  # not replayed: no row
+    cls, line = target_of(page)
+    assert cls == "off" and "oilbird tau 5.61 vs lexical 5.20, 1.079×, short of the 1.25× line by 13.7%" in line
+    assert "(of lexical, suffix; from the replay)" in line
+    # the rest of the page says what is missing and which command makes it
+    abl = block_text(sweep_block(page, "ablations"))
+    assert ("not available: no ablations/ablations.json under toy/toy-model/: `make ablations BENCH=toy "
+            "MODEL=toy-model`") in abl
+    assert table_rows(sweep_block(page, "replay"))["oilbird"][2] == "5.61 [5.31–5.91]"
+    # per-source acceptance of the replayed oilbird, and its counters
+    src = table_rows(sweep_block(page, "sources"))
+    assert src["semantic"] == ["semantic", "200", "50", "25.0%", "40.0%"]
+    assert src["spine"] == ["spine", "400", "100", "25.0%", "80.0%"]
+    assert src["key queries"] == ["key queries", "5,812"] and src["semantic key"] == ["semantic key", "true"]
+    assert "note" not in src
+    stext = block_text(sweep_block(page, "sources"))
+    assert "12.0% [11.0–13.0%] (8,079 of 67,324) of all committed tokens" in stext
+    # linked from the main report, the index and the grid
+    for name in ("toy__toy-model.html", "index.html", "grid.html"):
+        assert f'href="{EVIDENCE}"' in pages[name], name
+    assert 'href="toy__toy-model.html"' in page
+
+
+def test_evidence_depth_table(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    arms = replay_arms(0.12, [1.02, 1.08])
+    arms[2]["by_depth"] = {"depths": 3, "passes": 10, "reach": [0.7, 0.4, 0.1],
+                           "by_source": {"spine": [5, 4, 1]}, "sole_semantic": [0, 0, 0]}
+    write_replay(runs / "toy" / "toy-model", arms)
+    assert "no per-depth acceptance" in block_text(sweep_block(site(runs)[EVIDENCE], "depth"))  # oilbird has none
+    arms[3]["by_depth"] = {"depths": 3, "passes": 8, "reach": [0.75, 0.5, 0.25],
+                           "by_source": {"spine": [4, 3, 1], "semantic": [2, 2, 1]}, "sole_semantic": [2, 1, 0]}
+    write_replay(runs / "toy" / "toy-model", arms)
+    rows = table_rows(sweep_block(site(runs)[EVIDENCE], "depth"))
+    assert rows["1"] == ["1", "75.0%", "70.0%", "25.0%", "50.0%", "25.0%"]
+    assert rows["3"] == ["3", "25.0%", "10.0%", "0.00%", "12.5%", "12.5%"]
+    assert "4" not in rows  # past the recorded depths
+
+
+def test_evidence_target_not_established_without_paired_interval(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    arms = [replay_summary("sam", 4.0, speedup=1.5), replay_summary("oilbird", 5.2, share=0.05)]
+    write_replay(runs / "toy" / "toy-model", arms)
+    page, _, rows = evidence(runs)
+    cls, line = target_of(page)
+    assert cls == "neutral" and "1.300×" in line and ": not established (no paired interval for the ratio" in line
+    assert "Token Recycling" not in rows and "SAM-Decoding" in rows
+    src = block_text(sweep_block(page, "sources"))  # accepted_by_source only: rates not known
+    assert table_rows(sweep_block(page, "sources"))["spine"] == ["spine", "n/a", "100", "n/a", "n/a"]
+    assert "not available" not in src
+
+
+def test_unreadable_ablations_fall_back_to_the_replay(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_replay(runs / "toy" / "toy-model", replay_arms(0.12, [1.02, 1.08]))
+    write_ablations(runs, "{not json")
+    page, text, rows = evidence(runs)
+    assert "ablations/ablations.json could not be read" in text and rows["lexical sources merged"][3] == "×1.079"
+    assert block_text(sweep_block(page, "ablations")).count("not available") == 1
+
+
+# ---------------------------------------------------------------- the cross-benchmark grid
+
+def grid_rows(page: str) -> dict[str, list[str]]:
+    return table_rows(page)
+
+
+def test_grid_rows_with_intervals_limits_and_the_papers_numbers(tmp_path):
+    df = positions_frame()
+    summary = census_summary(df)
+    summary["bench"] = "apibank"  # a benchmark the paper has
+    runs = make_runs(tmp_path, df=df, summary=summary, decode=False)
+    folder = runs / "toy" / "toy-model"
+    (folder / "traces").mkdir()
+    meta = {"model": "toy-model", "bench": "apibank", "n_requests": 100, "limit": 100, "requests_total": 534,
+            "complete": True}
+    (folder / "traces" / "meta.json").write_text(json.dumps(meta))
+    write_replay(folder, replay_arms(0.12, [1.02, 1.08]))
+    # a second benchmark with a replay but no census, one the paper has without a tau
+    write_replay(runs / "gsm8k" / "toy-model", [replay_summary("oilbird", 3.0, share=0.01, bench="gsm8k")])
+    pages = site(runs)
+    grid = pages["grid.html"]
+    rows = grid_rows(grid)
+    assert rows["benchmark"][:10] == ["benchmark", "requests", "positions", "Avail [95%]", "Gap [95%]",
+                                      "Recall [95%]", "tau suffix [95%]", "tau lexical [95%]", "tau oilbird [95%]",
+                                      "oilbird ÷ best lexical"]
+    fmt = lambda x: f"{100 * x:.2f}" if 100 * x < 10 else f"{100 * x:.1f}"  # noqa: E731
+    row = rows["apibank"]
+    assert row[1] == "100 of 534 (limit 100)"
+    for cell, key in zip(row[3:6], ("available", "gap", "recall")):
+        v, (lo, hi) = summary[key]["value"], summary[key]["bootstrap"]
+        assert cell == f"{fmt(v)}% [{fmt(lo)}–{fmt(hi)}%]", key
+    assert row[6:10] == ["4.60 [4.30–4.90]", "5.20 [4.90–5.50]", "5.61 [5.31–5.91]", "×1.079 over lexical: not met"]
+    assert row[10] == "12.0% [11.0–13.0%]" and row[11] == "enable (replay)"
+    assert "92%" not in " ".join(row)  # the paper's numbers never in our row
+    row = rows["gsm8k"]
+    assert row[1] == "534" and row[2] == "n/a: no census" and row[3] == "n/a: no census"
+    assert row[6] == "n/a: suffix not replayed" and row[8] == "3.00 [2.70–3.30]"
+    assert row[9] == "n/a: no oilbird and lexical replay"
+    # the paper's table, labelled as the paper's, beside ours: both benchmarks, the main table's tau where it has one
+    assert "Beside it: the paper's (Llama-3.1-8B, GPU) numbers for these benchmarks" in block_text(grid)
+    assert rows["apibank (API-Bank)"] == ["apibank (API-Bank)", "92%", "6.8% [5.9–7.8%]", "81% [76.7–84.8%]", "4.87",
+                                          "6.76"]
+    assert rows["gsm8k (GSM8K)"] == ["gsm8k (GSM8K)", "51%", "31.6%", "55%", "not in tab:main-echo",
+                                     "not in tab:main-echo"]
+    assert rows["benchmark (paper's name)"][1:] == ["Avail (paper)", "Gap (paper)", "Recall (paper)",
+                                                    "tau SuffixDecoding (paper)", "tau Oilbird (paper)"]
+    assert "ToolAlpaca (toolalpaca)" in block_text(grid) and "4.06" not in grid  # tau-Retail: not ours, not shown
+    assert "grid0" in grid and "<svg" in grid  # the census chart stays
+
+    # a limit without the total in meta.json: the registry's count; no limit: the captured count alone
+    meta.pop("requests_total")
+    (folder / "traces" / "meta.json").write_text(json.dumps(meta))
+    assert grid_rows(site(runs)["grid.html"])["apibank"][1] == "100 of 534 (limit 100)"
+    meta.update(bench="toy", limit=50)
+    (folder / "traces" / "meta.json").write_text(json.dumps(meta))
+    assert grid_rows(site(runs)["grid.html"])["apibank"][1] == "100 (limit 50, total not recorded)"
+    meta.update(limit=None, complete=False)
+    (folder / "traces" / "meta.json").write_text(json.dumps(meta))
+    cell = grid_rows(site(runs)["grid.html"])["apibank"][1]
+    assert cell == "100 (incomplete)" and " of " not in cell
+
+
+def test_grid_escapes_and_survives_odd_values(tmp_path):
+    df = positions_frame()
+    summary = census_summary(df)
+    summary["bench"] = "<script>alert(1)</script>"
+    summary["gap"] = {"value": "x"}
+    runs = make_runs(tmp_path, df=df, summary=summary, decode=False)
+    folder = runs / "toy" / "toy-model"
+    (folder / "traces").mkdir()
+    (folder / "traces" / "meta.json").write_text(json.dumps({"n_requests": "many", "limit": "<b>", "bench": 3}))
+    grid = site(runs)["grid.html"]
+    tags = assert_offline(grid)
+    assert not any(t in ("script", "b") for t, _ in tags.tags)
+    row = grid_rows(grid)["<script>alert(1)</script>"]
+    assert row[1] == "5" and row[4] == "n/a: no gap in the census summary" and row[6] == "n/a: no replay"
+    assert "None of these benchmarks is in the paper's tables." in block_text(grid)
+
+
+def test_headline_without_interval_is_not_established(tmp_path):
+    runs = make_runs(tmp_path, decode=False)
+    write_ablations(runs, headline_json(1.3, None, target_met=False))  # --bootstrap 0: no intervals
+    page, _, rows = evidence(runs)
+    cls, line = target_of(page)
+    assert cls == "neutral" and ": not established (no paired interval for the ratio" in line
+    assert "(ablations/ablations.json says target_met = false.)" in line
+    assert rows["baseline lexical"][3] == "×1.300"

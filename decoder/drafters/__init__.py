@@ -153,7 +153,10 @@ def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, shared: dict | 
     if unknown:
         raise OilbirdError(f"drafter {name!r} has no option {', '.join(unknown)}; "
                            f"options: {', '.join(sorted(fields)) or 'none'}")
-    drafter = cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**{**preset, **options}))
+    try:
+        drafter = cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**{**preset, **options}))
+    except ValueError as e:  # a setting the drafter refuses (e.g. oilbird@host=none:one_source=on): one line
+        raise OilbirdError(f"drafter {name!r}: {e}") from None
     if base != name:
         drafter.name = name
     return drafter

@@ -38,6 +38,7 @@ Arms (presets of this one drafter, `ARM_PRESETS`):
                          first state) selects up to 4 traces; every pass copies, from each, what followed
                          the context's longest suffix n-gram (<= 4), depth by trace rank
   oilbird-fixed-depth    per-position key, depth by neighbour rank (16, 8, 4, 2, ...) instead of D(s)
+  oilbird-one-source     one source chosen per step instead of merged (SAM-Decoding's rule, below)
   pld+pool               prompt lookup as the host, and in B_ret the pool's chain under PLD's own key:
                          what followed the most recent pool occurrence of the context's longest suffix
                          n-gram (n <= 3), up to B_ret tokens (`pld.PoolNgramIndex`)
@@ -45,6 +46,22 @@ Arms (presets of this one drafter, `ARM_PRESETS`):
                          (the anchor token): what followed its most recent pool occurrence, up to B_ret
   pld+key                prompt lookup as the host, the key in B_ret of the same budget
   recycling+key          Token Recycling as the host, the key in B_ret of the same budget
+
+One source per step (`one_source`, arm oilbird-one-source; the paper's "one source chosen per step
+instead of merged (SAM-Decoding's mechanism)"). SAM-Decoding (Hu et al., ACL 2025) drafts from its
+suffix automaton when the longest suffix match is at least `len_threshold` tokens long and otherwise
+from an auxiliary drafter (Token Recycling or EAGLE-2). Here the automaton draft is the lexical host's
+tree at the WHOLE budget (spine, branches, adjacency: what the gate proposes when closed) and the
+auxiliary is the semantic draft at the whole budget (the key's chains, then the rollouts, from the root:
+what semantic-only proposes). Per step, once the gate is open: the lexical draft when the spine's match
+length (`automaton_match`: the longer of the request's and the pool's match) is at least
+`one_source_min_match` (default 5, SAM-Decoding's evaluation default `--samd_len_threshold 5`; its pool
+side gets no length bias, as the lexical host's spine has none), else the semantic draft; the key is
+queried only on those steps, as SAM-Decoding runs its auxiliary only when it is used. A semantic draft
+with nothing in it (the key silent, muted, or the request's first pass) gives way to the lexical draft:
+SAM-Decoding's auxiliary always drafts, so its rule never meets that case. The gate is unchanged
+(closed: the lexical draft alone, i.e. adjacency only when there is no match: Token Recycling, SAM-
+Decoding's auxiliary). Never merged: every proposed tree is one source's draft, with its own labels.
 
 The transplant ladder, per published host: base (`pld`, `recycling`: the drafter alone), +pool (the
 same host handed the cross-request pool under its own exact key) and +key (that key replaced by the
@@ -67,7 +84,7 @@ from decoder.draft import ROOT, Draft
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
-from decoder.drafters.sam import AutomatonIndex, automaton_chains
+from decoder.drafters.sam import AutomatonIndex, automaton_match
 from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SelfCalibration, SemanticPool,
                                        copy_depth, ngram_continuation, rejected_records, semantic_chains)
 
@@ -111,6 +128,9 @@ class OilbirdConfig:
     index: str = "exact"  # the key's index (data/stateindex.py spec): exact = the float16 matrix; faiss otherwise
     index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
     knn_recall_every: int = 8  # faiss index: every Nth trained query also runs exactly (knn_recall); 0 = off
+    one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
+    one_source_min_match: int = 5  # one_source: the lexical draft when its automaton match is at least this
+    #                                long, else the semantic draft (SAM-Decoding's len_threshold, 5)
 
 
 # arm name -> OilbirdConfig options
@@ -122,6 +142,7 @@ ARM_PRESETS: dict[str, dict] = {
     "oilbird-root-attached": {"attach": "root"},
     "oilbird-request-key": {"key_level": "request", "rank_depths": RANK_DEPTHS},
     "oilbird-fixed-depth": {"rank_depths": RANK_DEPTHS},
+    "oilbird-one-source": {"one_source": True},
     "pld+pool": {"host": "pld", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
     "recycling+pool": {"host": "recycling", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
     "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0},
@@ -179,6 +200,10 @@ class OilbirdDrafter:
             raise ValueError(f"attach must be merge or root (got {c.attach!r})")
         if c.host_pool and c.host not in ("pld", "recycling"):
             raise ValueError(f"host_pool needs host pld or recycling (got {c.host!r})")
+        if c.one_source and c.host != "lexical":  # the rule reads the automaton's match length
+            raise ValueError(f"one_source needs host lexical (got {c.host!r})")
+        if c.one_source_min_match < 0:
+            raise ValueError(f"one_source_min_match must be 0 or more (got {c.one_source_min_match})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
         self.table = AdjacencyTable(vocab_size) if c.host in ("lexical", "recycling") else None
         self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
@@ -195,7 +220,8 @@ class OilbirdDrafter:
         self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
         self.counters = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
-                             rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0)
+                             rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0,
+                             chose_lexical=0, chose_semantic=0)
 
     # ------------------------------------------------------------ the pool
     def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None,
@@ -244,7 +270,7 @@ class OilbirdDrafter:
     def _host(self, context: Sequence[int], budget: int, chains=None) -> tuple[Draft, bool]:
         """The host's own draft within `budget`, and whether the gate lets the retrieved sources in.
 
-        `chains`: the lexical host's (spine, branches) from `automaton_chains`."""
+        `chains`: the lexical host's (spine, branches) from `automaton_match`."""
         c, anchor = self.config, int(context[-1])
         if c.host == "none":
             return Draft(), True
@@ -343,9 +369,13 @@ class OilbirdDrafter:
             self.ngrams.sync(context)
         if budget <= 0:
             return Draft()
+        match, chains = 0, None
+        if self.index is not None:
+            match, spine, branches = automaton_match(self.index, c.spine_max, c.branch_top, c.branch_max)
+            chains = (spine, branches)
+        if c.one_source:
+            return self._one_source(context, budget, chains, match)
         reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
-        chains = None if self.index is None else automaton_chains(self.index, c.spine_max, c.branch_top,
-                                                                  c.branch_max)
         draft, open_ = self._host(context, budget - reserve, chains)
         pooled = self._pool_chain(context, reserve)  # +pool: part of the host's exact key, so it opens the gate
         if c.gate and c.host != "none" and not (open_ or pooled):
@@ -358,16 +388,39 @@ class OilbirdDrafter:
         if chains is not None:
             candidates += [(g, BRANCH) for g in chains[1]]
         candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
-        root = frozenset({SEMANTIC, ROLLOUT}) if c.attach == "root" else frozenset()
         start = len(draft)
+        self._merge(draft, candidates, cap)
+        assert len(draft) - start <= reserve
+        return draft
+
+    def _merge(self, draft: Draft, candidates: list[tuple[Chain, str]], cap: int) -> None:
+        """Merge the candidates into `draft` up to `cap` nodes, noting the nodes the key bought."""
+        root = frozenset({SEMANTIC, ROLLOUT}) if self.config.attach == "root" else frozenset()
         for (chain, source) in candidates:
             before = len(draft)
             merge_candidates(draft, [(chain, source)], cap, root)
             if source == SEMANTIC:
                 self._bought.update(range(before, len(draft)))
         self.counters["key_nodes"] += len(self._bought)
-        assert len(draft) - start <= reserve
-        return draft
+
+    def _one_source(self, context: Sequence[int], budget: int, chains, match: int) -> Draft:
+        """oilbird-one-source (module docstring): the lexical draft or the semantic draft, each at the whole
+        budget, chosen by SAM-Decoding's rule on the automaton's match length; never merged."""
+        c = self.config
+        lexical, open_ = self._host(context, budget, chains)
+        if c.gate and not open_:
+            self.counters["gated"] += 1
+            return lexical
+        if match < c.one_source_min_match:
+            semantic = Draft()  # what semantic-only proposes: key chains, then rollouts, from the root
+            candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
+            candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
+            self._merge(semantic, candidates, budget)
+            if len(semantic):
+                self.counters["chose_semantic"] += 1
+                return semantic
+        self.counters["chose_lexical"] += 1
+        return lexical
 
     def observe(self, context: Sequence[int], result) -> None:
         c = self.config

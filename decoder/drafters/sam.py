@@ -364,22 +364,30 @@ def frequent_branches(sam: SuffixAutomaton, state: int, count: Callable[[int], i
     return chains
 
 
-def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
-                     branch_max: int = 32) -> tuple[Chain, list[Chain]]:
-    """The spine (the longer of the request's and the pool's match continuations; ties go to the
-    request) and the frequency branches at that match's state."""
+def automaton_match(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
+                    branch_max: int = 32) -> tuple[int, Chain, list[Chain]]:
+    """(match length, spine, branches): the spine is the longer of the request's and the pool's match
+    continuations (ties go to the request), the branches are the most frequent next tokens at that
+    match's state, and the length is that match's (the suffix of the context the spine continues;
+    0 when there is no spine). SAM-Decoding's rule reads the length (oilbird's one_source)."""
     r_state, r_len, r_cont = request_spine(index, spine_max)
     p_state, p_len, p_cont = pool_spine(index, spine_max)
     if not r_cont and not p_cont:
-        return [], []
+        return 0, [], []
     if r_cont and r_len >= p_len:
         req = index.request
         branches = frequent_branches(req, r_state, req.count.__getitem__, index.request_occurrence,
                                      branch_top, branch_max, skip=r_cont[0])
-        return r_cont, branches
+        return r_len, r_cont, branches
     branches = frequent_branches(index.pool, p_state, index.pool_count, index.pool_occurrence,
                                  branch_top, branch_max, skip=p_cont[0])
-    return p_cont, branches
+    return p_len, p_cont, branches
+
+
+def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
+                     branch_max: int = 32) -> tuple[Chain, list[Chain]]:
+    """The spine and the frequency branches of `automaton_match`, without the match length."""
+    return automaton_match(index, spine_max, branch_top, branch_max)[1:]
 
 
 class AutomatonPoolDrafter:
