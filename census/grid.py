@@ -42,7 +42,9 @@ def _store_complete(path: Path, want: int | None) -> bool:
 def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture | None, progress: bool,
                  loaded: dict) -> None:
     """The benchmark's trace store exists (captured or resumed here when `capture` is given)."""
-    from data.benchmarks import grid_limit, grid_limit_note
+    import sys
+
+    from data.benchmarks import grid_limit, grid_limit_note, load_requests
     from data.models import model_slug
     from data.store import store_dir
 
@@ -53,12 +55,8 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
             raise OilbirdError(f"no census and no trace store for {bench} / {model_slug(model)} under {out}: "
                                f"run `make census BENCH={bench} MODEL={model}` or `python -m census grid --capture`")
         return
-    import sys
-
     print(grid_limit_note(bench) if capture.limits else f"capture {bench}: every request (--no-limits)",
           file=sys.stderr)
-    from data.benchmarks import load_requests
-
     if _store_complete(path, limit or len(load_requests(bench))):  # a shorter store is extended
         return
     from data.capture import CaptureConfig, capture as run_capture

@@ -599,10 +599,10 @@ def format_depth_table(on: dict, off: dict, depths: tuple[int, ...] = DEPTH_ROWS
     a, b = on["by_depth"], off["by_depth"]
     lines = [f"per depth of the accepted path: {on['arm']} ({a['passes']} passes) vs {off['arm']} ({b['passes']} passes)",
              f"{'depth':>5} {'reach on':>9} {'reach off':>9} {'semantic alone':>15} {'spine':>7} {'semantic':>9}"]
+    src = a["by_source"]
     for d in depths:
         if d > min(a["depths"], b["depths"]):
             break
-        src = a["by_source"]
         lines.append(f"{d:>5} {100 * a['reach'][d - 1]:>8.1f}% {100 * b['reach'][d - 1]:>8.1f}% "
                      f"{100 * a['sole_semantic'][d - 1] / max(a['passes'], 1):>14.2f}% "
                      f"{100 * (src.get('spine') or [0] * d)[d - 1] / max(a['passes'], 1):>6.1f}% "

@@ -1421,9 +1421,9 @@ def sources_section(result: Result) -> str:
                                    "(accepted_by_source)"))
     stats = {k: v for k, v in _dict(s.get("drafter_stats")).items() if _finite(v) or isinstance(v, bool)}
     if stats:
-        parts.append("<h3>Drafter counters</h3>" + table(
+        parts.append(f"<details><summary>Drafter counters ({len(stats)})</summary>" + table(
             ["counter", "value"], [[esc(humanize(k)), number(v)] for k, v in stats.items()], {1},
-            caption=f"As the replay of {ON_ARM} reports them (summary.json `drafter_stats`)."))
+            caption=f"As the replay of {ON_ARM} reports them (summary.json `drafter_stats`).") + "</details>")
     return section(sid, title, *parts)
 
 

@@ -195,7 +195,7 @@ def parse(html_text: str) -> Tags:
 
 HTML_TAGS = {"html", "head", "meta", "title", "style", "body", "nav", "a", "main", "h1", "h2", "h3", "p", "section",
              "strong", "em", "code", "table", "thead", "tbody", "tr", "th", "td", "span", "ul", "li", "figure",
-             "figcaption", "div"}
+             "figcaption", "div", "details", "summary"}  # details: collapsed counters, no script
 SVG_TAGS = {"svg", "g", "path", "defs", "clippath", "use", "text", "style", "title", "rect", "polyline", "line",
             "circle", "tspan", "lineargradient", "stop", "image"}
 URL_ATTRS = {"src", "href", "xlink:href", "action", "formaction", "srcset", "poster", "data", "background", "ping"}
