@@ -92,6 +92,7 @@ def pass_statistics(per_request: Sequence[Sequence], has_key: bool, boot: Reques
 
 
 DEPTHS = 32  # by_depth covers depths 1..DEPTHS of the accepted path
+DEPTH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)  # the depths the printed and rendered tables show
 
 
 def depth_profile(cycles: Sequence, depths: int = DEPTHS) -> dict:

@@ -64,7 +64,7 @@ from data.stats import RequestBootstrap
 from data.store import current_summary, open_store, store_dir, store_fingerprint
 from decoder.draft import ROOT, VerifyResult
 from decoder.engine import Cycle, check_draft, pass_record
-from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
+from decoder.passes import DEPTH_ROWS, SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
 from decoder.tree import greedy_accept
 
@@ -588,9 +588,6 @@ def _fmt_iv(v, iv, digits=2, pct=False) -> str:
     if iv:
         txt += f" [{scale * iv[0]:.{digits}f}-{scale * iv[1]:.{digits}f}]"
     return txt
-
-
-DEPTH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
 def format_depth_table(on: dict, off: dict, depths: tuple[int, ...] = DEPTH_ROWS) -> str:

@@ -52,7 +52,9 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from data.benchmarks import EXPECTED_COUNTS, GRID_BENCHES
 from data.errors import OilbirdError
+from decoder.passes import DEPTH_ROWS
 from decoder.verdict import ENABLE_SHARE, OFF_SHARE, Verdict, verdict
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
@@ -1427,9 +1429,6 @@ def sources_section(result: Result) -> str:
     return section(sid, title, *parts)
 
 
-DEPTH_ROWS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
-
-
 def _depth(arm: Arm | None) -> dict | None:
     d = _dict(arm.summary.get("by_depth")) if arm is not None else {}
     ok = d and isinstance(d.get("reach"), list) and isinstance(d.get("by_source"), dict) and _finite(d.get("passes"))
@@ -1637,11 +1636,7 @@ def na(why: str) -> str:
 def _expected_requests(bench: str) -> int | None:
     """The benchmark's full request count from the registry, when it has one (for a capture whose meta.json
     records a limit but not the total)."""
-    try:
-        from data.benchmarks import EXPECTED_COUNTS
-    except Exception:  # the registry is a courtesy here; the page stands without it
-        return None
-    n = EXPECTED_COUNTS.get(bench) if isinstance(EXPECTED_COUNTS, dict) else None
+    n = EXPECTED_COUNTS.get(bench)
     return n if _finite(n) else None
 
 
@@ -1753,10 +1748,6 @@ def paper_table(keys: list[str]) -> str:
 
 def grid_order(result: Result) -> tuple:
     """The grid's benchmarks in the grid's order (data/benchmarks.py GRID_BENCHES), any other after them."""
-    try:
-        from data.benchmarks import GRID_BENCHES
-    except ImportError:  # reports read files; the registry only orders them
-        GRID_BENCHES = ()
     order = {b: k for k, b in enumerate(GRID_BENCHES)}
     return (order.get(result.bench, len(order)), result.bench)
 
