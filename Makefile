@@ -21,7 +21,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -65,6 +65,23 @@ test: $(STAMP)
 
 test-slow: $(STAMP)
 	$(PY) -m pytest -m slow tests
+
+# The declared floors (.ci/constraints-floor.txt pins each one) in a second environment: the store round
+# trip (pyarrow 15 included), census, replay and the decoder on stories260k. CI runs it after `make test`.
+FLOOR_VENV  ?= .venv-floor
+FLOOR_PY    := $(FLOOR_VENV)/bin/python
+FLOOR_STAMP := $(FLOOR_VENV)/.installed
+FLOOR_TESTS ?= tests/test_versions.py tests/test_store_format.py tests/test_capture.py tests/test_census.py \
+               tests/test_replay.py tests/test_decoder_engine.py tests/test_drafters.py
+$(FLOOR_STAMP): pyproject.toml .ci/constraints-floor.txt
+	test -x $(FLOOR_PY) || $(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install -q --upgrade pip
+	$(FLOOR_PY) -m pip install -q -c .ci/constraints-floor.txt torch
+	$(FLOOR_PY) -m pip install -q -c .ci/constraints-floor.txt -e ".[test]"
+	touch $(FLOOR_STAMP)
+
+test-floor: $(FLOOR_STAMP)
+	$(FLOOR_PY) -m pytest -m "not slow" $(FLOOR_TESTS)
 
 bench: bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay
 
@@ -121,4 +138,4 @@ bench-replay-live: $(STAMP)
 	$(PY) benchmarks/bench_replay_live.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) $(FLOOR_VENV) .pytest_cache

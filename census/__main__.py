@@ -5,6 +5,10 @@
 
 from __future__ import annotations
 
+from data.versions import require_dependencies
+
+require_dependencies()  # before the stage imports what it checks: one line, never a traceback
+
 import argparse
 import sys
 

@@ -3,6 +3,10 @@ and its full integrity check."""
 
 from __future__ import annotations
 
+from data.versions import require_dependencies
+
+require_dependencies()  # before the stage imports what it checks: one line, never a traceback
+
 import argparse
 import sys
 

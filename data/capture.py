@@ -25,7 +25,7 @@ import torch
 
 from data.benchmarks import Request, data_fingerprint, get_benchmark, load_requests
 from data.errors import OilbirdError
-from data.models import TOPK, LayerTap, LoadedModel, encode_prompt, load_model
+from data.models import TOPK, LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
 from data.store import PROMPT_HASH_SCHEME, StoreWriter, TraceRecord, prompt_hash, store_dir
 
 
@@ -124,7 +124,7 @@ def _prefill(lm: LoadedModel, tap: LayerTap, index: int, prompt: list[int], pref
         cache = SlackCache()
     ids = torch.tensor([prompt[reuse:]], device=lm.device)
     pos = torch.arange(reuse, len(prompt), device=lm.device)[None]
-    out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    out = lm.model(input_ids=ids, position_ids=pos, **cache_kwargs(lm.model, cache), use_cache=True, logits_to_keep=1)
     logits = out.logits[0, -1].float()
     state = tap.take()[0, -1].float().cpu().numpy()
     if prefix is not None:
@@ -262,7 +262,7 @@ def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], 
         ids = torch.tensor([[row.result.tokens[-1]] for row in rows], device=lm.device)
         pos = torch.tensor([[len(row.prompt) + len(row.result.tokens) - 1] for row in rows], device=lm.device)
         mask = torch.cat([mask, mask.new_ones((len(rows), 1))], dim=1)
-        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+        out = lm.model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(lm.model, cache), use_cache=True)
         logits = out.logits[:, -1].float()
         states = tap.take()[:, -1].float().cpu().numpy()
         top = logits.topk(TOPK).indices.cpu().numpy()
@@ -443,7 +443,7 @@ def teacher_forced_cached(lm: LoadedModel, tap: LayerTap, prompt: list[int], out
         reuse, cache = 0, None
     ids = torch.tensor([seq[reuse:]], device=lm.device)
     pos = torch.arange(reuse, total, device=lm.device)[None]
-    out = lm.model(input_ids=ids, position_ids=pos, past_key_values=cache, use_cache=cache is not None,
+    out = lm.model(input_ids=ids, position_ids=pos, **cache_kwargs(lm.model, cache), use_cache=cache is not None,
                    logits_to_keep=keep)
     logits = out.logits[0, -keep:].float()
     states = tap.take()[0, -keep:].float().cpu().numpy()  # the tap saw the forwarded positions only

@@ -10,8 +10,10 @@ round(0.85 L).
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -215,6 +217,19 @@ def pick_dtype(dtype: str | None, device: torch.device) -> torch.dtype:
     if dtype not in table:
         raise OilbirdError(f"unknown dtype '{dtype}'; use one of float32, bfloat16, float16")
     return table[dtype]
+
+
+def cache_kwargs(model: torch.nn.Module, cache) -> dict:
+    """The keyword a model's forward takes its KV cache by: `cache` in the transformers releases that
+    renamed it (5.2x; `past_key_values` then warns on every forward and goes in 5.40), else
+    `past_key_values` (5.0 and the other releases of the tested range)."""
+    return {_cache_keyword(type(model)): cache}
+
+
+@functools.lru_cache(maxsize=None)
+def _cache_keyword(model_class: type) -> str:
+    params = inspect.signature(model_class.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
 
 
 def _sha(data: bytes) -> str:

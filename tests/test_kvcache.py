@@ -6,7 +6,7 @@ import torch
 from transformers import DynamicCache
 
 from data.kvcache import SlackCache, SlackLayer
-from data.models import load_model
+from data.models import cache_kwargs, load_model
 
 
 def _kv(rows: int, n: int, seed: int):
@@ -86,11 +86,11 @@ def test_model_decoding_matches_dynamic_cache(tiny_dirs):
     results = []
     for cache in (DynamicCache(), SlackCache()):
         with torch.no_grad():
-            logits = [lm.model(input_ids=ids, past_key_values=cache, use_cache=True).logits[:, -1]]
+            logits = [lm.model(input_ids=ids, **cache_kwargs(lm.model, cache), use_cache=True).logits[:, -1]]
             for step in range(8):
                 nxt = logits[-1].argmax(-1, keepdim=True)
                 pos = torch.full((2, 1), 9 + step)
-                logits.append(lm.model(input_ids=nxt, position_ids=pos, past_key_values=cache, use_cache=True).logits[:, -1])
+                logits.append(lm.model(input_ids=nxt, position_ids=pos, **cache_kwargs(lm.model, cache), use_cache=True).logits[:, -1])
         results.append(torch.stack(logits))
     torch.testing.assert_close(results[0], results[1], rtol=0, atol=1e-5)
     assert torch.equal(results[0].argmax(-1), results[1].argmax(-1))
