@@ -1,5 +1,6 @@
-"""`python -m data list | capture | show | verify`: benchmarks, trace capture, a store's summary
-and its full integrity check."""
+"""`python -m data list | capture | show | verify | migrate`: benchmarks, trace capture, a store's
+summary, its full integrity check, and the rewrite of a store written in an older Parquet layout
+(store format 1: null state rows, which pyarrow < 26 cannot read) in the current one."""
 
 from __future__ import annotations
 
@@ -115,6 +116,13 @@ def _cmd_verify(args) -> int:
     return 0
 
 
+def _cmd_migrate(args) -> int:
+    from data.migrate import migrate_store
+
+    print(migrate_store(args.path))
+    return 0
+
+
 @cli_entry
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data", description="Oilbird data: benchmarks, models, trace capture")
@@ -154,6 +162,11 @@ def main(argv: list[str] | None = None) -> int:
                                       "row counts, values; prints OK or the first problem")
     v.add_argument("path")
     v.set_defaults(fn=_cmd_verify)
+    m = sub.add_parser("migrate", help="rewrite a trace store of an older layout (store format 1: null state rows, "
+                                       "unreadable by pyarrow < 26) in the current one, atomically; verifies it "
+                                       "first, and a store already current is left as it is")
+    m.add_argument("path")
+    m.set_defaults(fn=_cmd_migrate)
     args = p.parse_args(argv)
     return args.fn(args)
 

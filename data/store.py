@@ -3,21 +3,34 @@
 Layout of `runs/<bench>/<model>/traces/`:
   meta.json          model, fingerprints, layer, n_layers, d_model, dtype, bench, mode, ... and
                      `complete` (false while a capture is running or was interrupted),
-                     `n_requests` (committed so far), `checksums` (sha256 of every committed file)
+                     `n_requests` (committed so far), `checksums` (sha256 of every committed file),
+                     `store_format` (the Parquet layout below: 2; absent = 1, the older layout)
   requests.parquet   one row per finished request (request_schema); rewritten atomically after
-                     every part, so it is the commit point of a resumable capture. Its last
-                     column, `tenant` (string, "" = the default tenant), is absent from stores
-                     written before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
+                     every part, so it is the commit point of a resumable capture. Its column
+                     `tenant` (string, "" = the default tenant) is absent from stores written
+                     before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
                      checksums, taken over the files' bytes, still hold
-  positions-NNNNN.parquet   one row per generated token (POSITION_SCHEMA); a part holds whole
+  positions-NNNNN.parquet   one row per generated token (position_schema); a part holds whole
                      requests and is renamed into place before requests.parquet names them
 
 Position semantics: row (request r, position t) holds the generated token x_t, `hidden` = the
 layer-l state computed with x_t as input (the state that predicts x_{t+1}), `topk` = the model's
 top-8 next-token ids at that input. The state that predicts x_0 is the request's
-`prompt_last_hidden`. `hidden`/`topk` of the last token may be null (generation stops before
-feeding it back). `prompt_hash` is the first 16 hex digits of sha256 over the prompt's int32 token
-ids (`prompt_hash()`); meta.json `prompt_hash_scheme` says so, and readers recompute it.
+`prompt_last_hidden`. The last token has no state (generation stops before feeding it back):
+`hidden_valid` is false there. `prompt_hash` is the first 16 hex digits of sha256 over the
+prompt's int32 token ids (`prompt_hash()`); meta.json `prompt_hash_scheme` says so, and readers
+recompute it.
+
+Store format 2: no fixed-size-list column (`hidden`, `topk`, `prompt_last_hidden`,
+`prompt_last_topk`) holds a null row; a row without a state holds zeros, and a last column,
+`hidden_valid` (positions) or `prompt_last_valid` (requests), bool not null, says which rows hold
+one (VALIDITY). Store format 1 (stores written before it, meta.json without `store_format`) had
+no validity columns and null rows instead, which pyarrow < 26 cannot read from Parquet
+(apache/arrow#35692). Readers take both: null rows become zero rows marked invalid. Under
+pyarrow < 26 a format-1 file is read by a fallback (data/migrate.py), and when none works the error
+names `python -m data migrate STORE` (data/migrate.py), which rewrites a store in format 2 under
+the commit protocol: meta.json first records the new files' checksums under `migrating`, readers
+accept a file matching either checksum until meta.json moves them into `checksums`.
 
 Commit protocol (StoreWriter.append), each step an atomic rename:
   1. positions-NNNNN.parquet is written;
@@ -60,7 +73,8 @@ import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # meta.json's own layout (`format`)
+STORE_FORMAT = 2  # the Parquet layout (meta.json `store_format`; absent = 1: null state rows)
 TOPK = 8
 
 
@@ -101,7 +115,8 @@ def request_schema(d_model: int) -> pa.Schema:
         ("seconds", pa.float64()),
         ("prompt_last_hidden", pa.list_(pa.float16(), d_model)),
         ("prompt_last_topk", pa.list_(pa.int32(), TOPK)),
-        ("tenant", pa.string()),  # last: older stores lack it (OPTIONAL_COLUMNS), and column indices stay put
+        ("tenant", pa.string()),  # after the others: older stores lack it (OPTIONAL_COLUMNS), indices stay put
+        pa.field("prompt_last_valid", pa.bool_(), nullable=False),  # store format 2 (VALIDITY)
     ])
 
 
@@ -116,7 +131,12 @@ def position_schema(d_model: int) -> pa.Schema:
         ("token", pa.int32()),
         ("hidden", pa.list_(pa.float16(), d_model)),
         ("topk", pa.list_(pa.int32(), TOPK)),
+        pa.field("hidden_valid", pa.bool_(), nullable=False),  # store format 2 (VALIDITY)
     ])
+
+
+# Store format 2: validity column -> the fixed-size-list columns whose rows it marks (zeros where false).
+VALIDITY = {"hidden_valid": ("hidden", "topk"), "prompt_last_valid": ("prompt_last_hidden", "prompt_last_topk")}
 
 
 # ---------------------------------------------------------------- atomic writes, leftovers, faults
@@ -154,11 +174,16 @@ def atomic_write_json(path: Path, obj) -> str:
     return atomic_write_bytes(path, (json.dumps(obj, indent=2, sort_keys=True) + "\n").encode())
 
 
-def atomic_write_table(path: Path, table: pa.Table) -> str:
-    """Write a Parquet file atomically; returns the sha256 of its bytes (what meta.json records)."""
+def parquet_bytes(table: pa.Table) -> memoryview:
+    """A table as the bytes of a Parquet file, as every writer here writes it."""
     sink = pa.BufferOutputStream()
     pq.write_table(table, sink, compression="zstd")
-    return atomic_write_bytes(path, memoryview(sink.getvalue()))
+    return memoryview(sink.getvalue())
+
+
+def atomic_write_table(path: Path, table: pa.Table) -> str:
+    """Write a Parquet file atomically; returns the sha256 of its bytes (what meta.json records)."""
+    return atomic_write_bytes(path, parquet_bytes(table))
 
 
 def make_tmp_dir(folder: Path) -> Path:
@@ -215,7 +240,8 @@ def fault_point(name: str) -> None:
     """Test hook: with OILBIRD_FAULT=name[:n], SIGKILL this process the n-th time (default 1) it
     gets here, as a kill -9 would, nothing flushed or cleaned. Points: after_part_write,
     after_pending_meta, after_requests_write, after_commit (StoreWriter.append),
-    census_after_positions, census_mid_swap (census/run.py)."""
+    census_after_positions, census_mid_swap (census/run.py), migrate_after_pending,
+    migrate_after_file (data/migrate.py)."""
     spec = os.environ.get(FAULT_ENV)
     if not spec or spec.partition(":")[0] != name:
         return
@@ -224,14 +250,31 @@ def fault_point(name: str) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def numpy_dtype(t: pa.DataType) -> np.dtype:
+    """The numpy dtype of a value type (DataType.to_pandas_dtype imports pandas before pyarrow 26)."""
+    known = {pa.float16(): np.float16, pa.int32(): np.int32}  # the store's
+    return np.dtype(known[t]) if t in known else pa.array([], t).to_numpy(zero_copy_only=False).dtype
+
+
 def fixed_list(rows: np.ndarray | None, n: int, width: int, value_type: pa.DataType,
                valid: np.ndarray | None = None) -> pa.FixedSizeListArray:
-    """[n, width] numpy -> fixed_size_list array; rows where valid is False become null."""
+    """[n, width] numpy -> fixed_size_list array without nulls (store format 2); rows where valid
+    is False become zeros."""
     if rows is None:
-        rows = np.zeros((n, width), dtype=value_type.to_pandas_dtype())
+        rows = np.zeros((n, width), dtype=numpy_dtype(value_type))
+    rows = np.asarray(rows).reshape(n, width)
+    if valid is not None and not np.all(valid):
+        rows = rows.copy()
+        rows[~np.asarray(valid, dtype=bool)] = 0
     values = pa.array(np.ascontiguousarray(rows).reshape(-1), type=value_type)
-    mask = None if valid is None else pa.array(~np.asarray(valid, dtype=bool))
-    return pa.FixedSizeListArray.from_arrays(values, width, mask=mask)
+    return pa.FixedSizeListArray.from_arrays(values, width)
+
+
+def fill_zero(values: pa.Array) -> pa.Array:
+    """Nulls as zeros (a zero of the array's own type: pyarrow < 16 takes no int 0 for float16)."""
+    if not values.null_count:
+        return values
+    return pc.fill_null(values, pa.array(np.zeros(1, numpy_dtype(values.type)), values.type)[0])
 
 
 def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array, width: int, dtype) -> tuple[np.ndarray, np.ndarray]:
@@ -240,9 +283,7 @@ def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array, width: int, dtype) -> t
     mats, valids = [], []
     for ch in chunks:
         n = len(ch)
-        flat = ch.values.slice(ch.offset * width, n * width)
-        if flat.null_count:  # parquet stores no values under a null slot
-            flat = pc.fill_null(flat, 0)
+        flat = fill_zero(ch.values.slice(ch.offset * width, n * width))  # parquet stores no values under a null slot
         mat = flat.to_numpy(zero_copy_only=False).astype(dtype, copy=False).reshape(n, width)
         valid = ch.is_valid().to_numpy(zero_copy_only=False) if ch.null_count else np.ones(n, dtype=bool)
         if ch.null_count:
@@ -372,15 +413,119 @@ def _schema_difference(have: pa.Schema, want: pa.Schema) -> str:
     return text
 
 
-def _parse_parquet(path: Path, blob, schema: pa.Schema) -> pa.Table:
-    try:
-        table = pq.read_table(pa.BufferReader(blob) if blob is not None else path)
-    except (pa.ArrowInvalid, OSError) as e:
-        raise OilbirdError(f"corrupt Parquet file {path}: {str(e).splitlines()[0]} "
-                           "(the store is damaged; recapture with --force)") from None
+def _parse_parquet(path: Path, blob, schema: pa.Schema, legacy_ok: bool = True) -> pa.Table:
+    """A store file as a table of `schema` (store format 2). `legacy_ok`: a format-1 file (no
+    validity column) is accepted too; a store whose meta.json says format 2 requires the column."""
+    table = _read_table(path, blob)
     table = _fill_optional(table, schema)
+    table = _fill_validity(table, schema, legacy_ok)
     if not table.schema.equals(schema, check_metadata=False):
         raise OilbirdError(f"{path} does not match the trace schema ({_schema_difference(table.schema, schema)})")
+    return table
+
+
+# What pyarrow < 26 says reading a null row of a fixed-size-list column (apache/arrow#35692); 26 reads them.
+NULL_ROW_ERROR = "Expected all lists to be of size="
+PYARROW_READS_NULL_ROWS = int(pa.__version__.split(".")[0]) >= 26
+
+
+def _read_table(path: Path, blob) -> pa.Table:
+    """The file's table as pyarrow reads it (null rows and all). Under pyarrow < 26 a file whose
+    footer counts null rows goes to the fallbacks without a try: the failed read
+    (apache/arrow#35692) can leave pyarrow 25 to abort at exit ("terminate called without an
+    active exception"), which would make the one-line error two lines and exit code 134."""
+    data = bytes(blob) if blob is not None else None
+    if not PYARROW_READS_NULL_ROWS:
+        data = data if data is not None else _file_bytes(path)
+        if _footer_counts_null_rows(data):
+            return _read_format1(path, data)
+    try:
+        return _read_arrow(pa.BufferReader(data) if data is not None else path)
+    except pa.ArrowInvalid as e:
+        if NULL_ROW_ERROR not in str(e):
+            raise _corrupt(path, e) from None
+    except OSError as e:
+        raise _corrupt(path, e) from None
+    return _read_format1(path, data if data is not None else _file_bytes(path))
+
+
+def _file_bytes(path: Path) -> bytes:
+    try:
+        return path.read_bytes()
+    except OSError as e:
+        raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
+
+
+def _footer_counts_null_rows(data: bytes) -> bool:
+    """A fixed-size-list column whose statistics in the footer count nulls, or keep no count (the
+    writer's files carry them; a footer that does not parse is left to the read to report)."""
+    try:
+        file = pq.ParquetFile(pa.BufferReader(data))
+        fixed = {f.name for f in file.schema_arrow if pa.types.is_fixed_size_list(f.type)}
+    except (pa.ArrowException, OSError):
+        return False
+    md = file.metadata
+    for rg in range(md.num_row_groups):
+        for i in range(md.num_columns):
+            col = md.row_group(rg).column(i)
+            if col.path_in_schema.split(".")[0] in fixed:
+                stats = col.statistics
+                if stats is None or not stats.has_null_count or stats.null_count:
+                    return True
+    return False
+
+
+def _read_format1(path: Path, data: bytes) -> pa.Table:
+    """A store-format-1 file through the fallbacks (data/migrate.py), or one line saying what to do."""
+    from data.migrate import FALLBACKS  # the format-1 readers live beside the migration
+
+    for fallback in FALLBACKS:
+        try:
+            return fallback(data)
+        except Exception:  # noqa: BLE001 -- whatever stops a fallback, the next one (or the error) follows
+            continue
+    store = path.parent
+    raise OilbirdError(f"trace store {store} was written with null state rows ({path.name}), which pyarrow "
+                       f"{pa.__version__} cannot read (apache/arrow#35692): run `python -m data migrate {store}` "
+                       "with pyarrow>=26, or upgrade pyarrow")
+
+
+def _corrupt(path: Path, e: Exception) -> OilbirdError:
+    return OilbirdError(f"corrupt Parquet file {path}: {str(e).splitlines()[0] if str(e) else e!r} "
+                        "(the store is damaged; recapture with --force)")
+
+
+def _read_arrow(source) -> pa.Table:
+    return pq.read_table(source)
+
+
+def _fill_validity(table: pa.Table, schema: pa.Schema, legacy_ok: bool) -> pa.Table:
+    """Store format 2 from any file: null rows of the fixed-size-list columns (store format 1, or a
+    hand edit) become zero rows, false in their validity column, which a format-1 file gets here."""
+    for name, cols in VALIDITY.items():
+        i, have = schema.get_field_index(name), name in table.column_names
+        if i < 0 or not all(c in table.column_names for c in cols) or not (have or legacy_ok):
+            continue  # not this file's columns; or a format-2 store's file without it (the schema check says so)
+        valid = _bools(table.column(name)) if have else np.ones(table.num_rows, bool)
+        if any(table.column(c).null_count for c in cols):
+            for c in cols:
+                valid = valid & _bools(pc.is_valid(table.column(c)))
+            table = _zero_rows(table, cols, valid)
+        column = pa.array(valid, pa.bool_())
+        if have:
+            table = table.set_column(table.schema.get_field_index(name), schema.field(name), column)
+        else:
+            table = table.add_column(min(i, table.num_columns), schema.field(name), column)
+    return table
+
+
+def _zero_rows(table: pa.Table, cols: tuple[str, ...], valid: np.ndarray) -> pa.Table:
+    """The fixed-size-list columns `cols` without nulls: zeros in every row where `valid` is false."""
+    for c in cols:
+        t = table.schema.field(c).type
+        mat, _ = fixed_list_to_numpy(table.column(c), t.list_size, numpy_dtype(t.value_type))
+        table = table.set_column(table.schema.get_field_index(c), c,
+                                 fixed_list(mat, table.num_rows, t.list_size, t.value_type, valid))
     return table
 
 
@@ -400,13 +545,13 @@ def _read_parquet(path: Path, schema: pa.Schema) -> pa.Table:
     return _parse_parquet(path, None, schema)
 
 
-def _read_checked(path: Path, schema: pa.Schema) -> tuple[pa.Table, str]:
+def _read_checked(path: Path, schema: pa.Schema, legacy_ok: bool = True) -> tuple[pa.Table, str]:
     """A Parquet file and the sha256 of its bytes (read once for both)."""
     try:
         blob = path.read_bytes()
     except OSError as e:
         raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
-    return _parse_parquet(path, blob, schema), hashlib.sha256(blob).hexdigest()
+    return _parse_parquet(path, blob, schema, legacy_ok), hashlib.sha256(blob).hexdigest()
 
 
 def position_parts(path: Path) -> list[Path]:
@@ -434,26 +579,17 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
     d = int(meta["d_model"])
     req_path = path / "requests.parquet"
     sums = meta.get("checksums")
+    legacy_ok = _store_format(meta) < STORE_FORMAT
     if sums is None:  # written before checksums: nothing to verify, only uncommitted parts to tell apart
-        req, found = request_schema(d).empty_table(), {}
-        if req_path.exists():
-            req, found[req_path.name] = _read_checked(req_path, request_schema(d))
-        done = set(req.column("request").to_pylist())
-        parts, orphans = [], []
-        for part in position_parts(path):
-            table, h = _read_checked(part, position_schema(d))
-            if set(table.column("request").to_pylist()) <= done:
-                parts.append(table)
-                found[part.name] = h
-            else:
-                orphans.append(part)
-        return _Committed(req, parts, found, orphans, promoted=False, verified=False)
-
+        return _load_unverified(path, d, legacy_ok)
     expected = dict(sums)
+    moving = meta.get("migrating") or {}  # an interrupted migration's new checksums (data/migrate.py)
     promoted = False
     if req_path.exists():
-        req, h = _read_checked(req_path, request_schema(d))
-        if h != sums.get(req_path.name):
+        req, h = _read_checked(req_path, request_schema(d), legacy_ok)
+        if h != sums.get(req_path.name) and h == moving.get(req_path.name):
+            expected[req_path.name] = h
+        elif h != sums.get(req_path.name):
             pending = meta.get("pending") or {}
             if pending.get("n_requests") != req.num_rows or not pending.get("file"):
                 raise _damaged(path, f"{req_path.name} does not match its checksum in meta.json")
@@ -468,14 +604,38 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
     for name in sorted(n for n in expected if n != req_path.name):
         if not (path / name).exists():
             raise _damaged(path, f"{name} is missing")
-        table, h = _read_checked(path / name, position_schema(d))
-        if h != expected[name]:
+        table, h = _read_checked(path / name, position_schema(d), legacy_ok)
+        if h != expected[name] and h != moving.get(name):
             raise _damaged(path, f"{name} does not match its checksum in meta.json")
+        expected[name] = h
         parts.append(table)
     orphans = [p for p in position_parts(path) if p.name not in expected]
     if promoted:
         _check_rows(path, req, parts)
     return _Committed(req, parts, expected, orphans, promoted, verified=True)
+
+
+def _load_unverified(path: Path, d: int, legacy_ok: bool) -> _Committed:
+    """A store written before checksums: parts whose requests requests.parquet names are committed."""
+    req_path = path / "requests.parquet"
+    req, found = request_schema(d).empty_table(), {}
+    if req_path.exists():
+        req, found[req_path.name] = _read_checked(req_path, request_schema(d), legacy_ok)
+    done = set(req.column("request").to_pylist())
+    parts, orphans = [], []
+    for part in position_parts(path):
+        table, h = _read_checked(part, position_schema(d), legacy_ok)
+        if set(table.column("request").to_pylist()) <= done:
+            parts.append(table)
+            found[part.name] = h
+        else:
+            orphans.append(part)
+    return _Committed(req, parts, found, orphans, promoted=False, verified=False)
+
+
+def _store_format(meta: dict) -> int:
+    """The Parquet layout a store's meta.json declares (1 when absent: written before store formats)."""
+    return int(meta.get("store_format") or 1)
 
 
 def _in_order(table: pa.Table, keys: tuple[str, ...]) -> bool:
@@ -500,7 +660,7 @@ def _check_rows(path: Path, req: pa.Table, parts: list[pa.Table]):
         req = req.sort_by("request")
     if not _in_order(pos, ("request", "position")):
         pos = pos.sort_by([("request", "ascending"), ("position", "ascending")])
-    requests = pl.from_arrow(req.drop_columns(["prompt_last_hidden", "prompt_last_topk"]))
+    requests = pl.from_arrow(req.drop_columns(["prompt_last_hidden", "prompt_last_topk", "prompt_last_valid"]))
     positions = pl.from_arrow(pos.select(["request", "position", "token"]))
     n_req = requests.height
     if requests["tenant"].null_count():
@@ -572,16 +732,31 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     if _hashes_checked(meta):
         _check_prompt_hashes(path, req)
 
+    valid = _bools(pos.column("hidden_valid"))
+    topk = _zero_invalid(fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)[0], valid)
     if load_hidden:
-        hidden, valid = fixed_list_to_numpy(pos.column("hidden"), d, np.float16)
+        hidden = _zero_invalid(fixed_list_to_numpy(pos.column("hidden"), d, np.float16)[0], valid)
     else:
         hidden, valid = np.zeros((0, d), np.float16), np.zeros(0, bool)
-    topk, _ = fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)
-    plh, _ = fixed_list_to_numpy(req.column("prompt_last_hidden"), d, np.float16)
-    plt, _ = fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)
+    prompt_valid = _bools(req.column("prompt_last_valid"))
+    plh = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_hidden"), d, np.float16)[0], prompt_valid)
+    plt = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
     return TraceStore(path=path, meta=meta, requests=requests, positions=positions, hidden=hidden,
                       hidden_valid=valid, topk=topk, prompt_last_hidden=plh, prompt_last_topk=plt,
                       offsets=offsets, verified=got.verified)
+
+
+def _bools(col: pa.ChunkedArray) -> np.ndarray:
+    return np.asarray(col.to_numpy(), dtype=bool)
+
+
+def _zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rows whose validity is false read as zeros (what format 2 writes there; a hand edit may not)."""
+    if valid.all() or not rows[~valid].any():
+        return rows
+    rows = rows.copy()
+    rows[~valid] = 0
+    return rows
 
 
 def record_checksums(path: str | Path) -> dict:
@@ -687,6 +862,7 @@ def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Tabl
         fixed_list(np.stack([r.prompt_last_topk for r in records]).astype(np.int32) if n else None,
                    n, TOPK, pa.int32()),
         pa.array([str(r.tenant) for r in records], pa.string()),
+        pa.array(np.ones(n, bool), pa.bool_()),  # every record has its prompt's state
     ], schema=request_schema(d_model))
     lens = [len(r.output_tokens) for r in records]
     total = int(sum(lens))
@@ -700,8 +876,9 @@ def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Tabl
         pa.array(np.repeat([r.request for r in records], lens).astype(np.int32), pa.int32()),
         pa.array(np.concatenate([np.arange(k) for k in lens]).astype(np.int32) if total else [], pa.int32()),
         pa.array(np.concatenate([np.asarray(r.output_tokens, np.int32) for r in records]) if total else [], pa.int32()),
-        fixed_list(hid, total, d_model, pa.float16(), valid),
+        fixed_list(hid, total, d_model, pa.float16(), valid),  # zeros where not valid: never a null row
         fixed_list(topk, total, TOPK, pa.int32(), valid),
+        pa.array(valid, pa.bool_()),
     ], schema=position_schema(d_model))
     return req, pos
 
@@ -732,7 +909,9 @@ class StoreWriter:
                                    "pass --force to overwrite it or --out for another folder")
             self.meta = old
         else:
-            self.meta = dict(meta, complete=False, format=FORMAT_VERSION, n_requests=0, checksums={})
+            self.meta = dict(meta, complete=False, format=FORMAT_VERSION, store_format=STORE_FORMAT, n_requests=0,
+                             checksums={})
+            self.meta.pop("migrated_from_format", None)  # a new store was never migrated
             atomic_write_json(self.path / "meta.json", self.meta)
         got = _load_committed(self.path, self.meta)
         if not got.verified and got.requests.num_rows:
@@ -743,9 +922,11 @@ class StoreWriter:
             part.unlink()  # written before a kill, never committed
         self.requests = got.requests.sort_by("request")
         n = self.requests.num_rows
-        if self.meta.get("checksums") != got.checksums or "pending" in self.meta or self.meta.get("n_requests") != n:
+        if (self.meta.get("checksums") != got.checksums or "pending" in self.meta or "migrating" in self.meta
+                or self.meta.get("n_requests") != n):
             self.meta.update(checksums=got.checksums, n_requests=n)
             self.meta.pop("pending", None)
+            self.meta.pop("migrating", None)  # the files it rewrote are recorded now; migrate converts the rest
             atomic_write_json(self.path / "meta.json", self.meta)
 
     @property
