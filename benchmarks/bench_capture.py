@@ -34,7 +34,7 @@ from data.benchmarks import get_benchmark, load_requests
 from data.capture import (PrefixCache, ReferencePrefixCache, fit_prompts, greedy_batch, reference_tokens,
                           teacher_forced, teacher_forced_cached)
 from data.errors import OilbirdError, cli_entry
-from data.models import LayerTap, encode_prompt, load_model
+from data.models import LayerTap, cache_kwargs, encode_prompt, load_model
 
 
 @torch.no_grad()
@@ -119,7 +119,7 @@ def batching_probe(lm, tap, prompts, refs, widths=(1, 2, 4), repeats=3) -> dict:
             ids = torch.tensor([seq[reuse:]] * width, device=lm.device)
             pos = torch.arange(reuse, len(seq), device=lm.device)[None].expand(width, -1)
             t0 = time.perf_counter()
-            lm.model(input_ids=ids, position_ids=pos, past_key_values=kv, use_cache=True, logits_to_keep=keep)
+            lm.model(input_ids=ids, position_ids=pos, **cache_kwargs(lm.model, kv), use_cache=True, logits_to_keep=keep)
             best = min(best, time.perf_counter() - t0)
             tap.take()
             del kv

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError
-from data.models import TOPK, LayerTap, LoadedModel
+from data.models import TOPK, LayerTap, LoadedModel, cache_kwargs
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
 
@@ -58,6 +58,11 @@ class Generation:
     topk: np.ndarray | None = None  # [n, 8] int64
     prompt_last_hidden: np.ndarray | None = None  # [d] the state that predicts tokens[0]
     prompt_last_topk: np.ndarray | None = None  # [8]
+    # The lossless audit's evidence (decoder/audit.py): row k = the top-8 ids and logits of the forward
+    # row that chose tokens[k] (ar: its one-token forward; a speculative arm: the anchor or accepted
+    # node whose argmax committed it). Kept after the pool takes hidden/topk: [n, 8] each.
+    chosen_ids: np.ndarray | None = None
+    chosen_logits: np.ndarray | None = None
 
 
 @dataclass
@@ -118,7 +123,7 @@ def prefill(model: torch.nn.Module, cache, prompt: Sequence[int]) -> None:
         raise OilbirdError("empty prompt: nothing to decode from")
     if len(prompt) > 1:
         ids = torch.tensor([list(prompt[:-1])], device=model.device)
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, **cache_kwargs(model, cache), use_cache=True, logits_to_keep=1)
 
 
 @dataclass
@@ -128,6 +133,7 @@ class TreeForward:
     logits: torch.Tensor  # [N+1, V] float32
     argmax: np.ndarray  # [N+1]
     topk: np.ndarray  # [N+1, 8]
+    topk_logits: np.ndarray  # [N+1, 8] float32, the logits of `topk`
     hidden: np.ndarray | None  # [N+1, d] float32 capture-layer states, when a tap is given
 
 
@@ -140,11 +146,12 @@ def verify_tree(model: torch.nn.Module, cache, past_len: int, anchor: int, token
     ids = torch.tensor([[int(anchor), *map(int, tokens)]], device=dev)
     mask = tree_attention_mask(parents, past_len, model.dtype, dev)
     pos = tree_position_ids(parents, past_len, dev)
-    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, past_key_values=cache, use_cache=True)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, **cache_kwargs(model, cache), use_cache=True)
     logits = out.logits[0].float()
     hidden = tap.take()[0].float().cpu().numpy() if tap is not None else None
-    return TreeForward(logits=logits, argmax=logits.argmax(-1).cpu().numpy(),
-                       topk=logits.topk(TOPK, dim=-1).indices.cpu().numpy(), hidden=hidden)
+    top = logits.topk(TOPK, dim=-1)
+    return TreeForward(logits=logits, argmax=logits.argmax(-1).cpu().numpy(), topk=top.indices.cpu().numpy(),
+                       topk_logits=top.values.cpu().numpy(), hidden=hidden)
 
 
 def check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
@@ -167,16 +174,20 @@ def decode_greedy(lm: LoadedModel, prompt: Sequence[int], stop: StopRule) -> Gen
     prefill_s = time.perf_counter() - t_start
     output: list[int] = []
     cycles: list[Cycle] = []
+    chosen: list[torch.return_types.topk] = []  # per token, on the device: read back once at the end
     anchor, reason = int(prompt[-1]), None
     while reason is None:
         t0 = time.perf_counter()
-        logits = lm.model(input_ids=torch.tensor([[anchor]], device=lm.device), past_key_values=cache,
+        logits = lm.model(input_ids=torch.tensor([[anchor]], device=lm.device), **cache_kwargs(lm.model, cache),
                           use_cache=True).logits[0, -1]
         anchor = int(logits.argmax())
+        chosen.append(logits.float().topk(TOPK))
         _, reason = stop.commit(output, [anchor])
         cycles.append(Cycle(0, 0, 1, [], 0.0, time.perf_counter() - t0, 0.0))
-    return Generation(tokens=output, stop_reason=reason, seconds=time.perf_counter() - t_start,
-                      prefill_s=prefill_s, cycles=cycles)
+    seconds = time.perf_counter() - t_start  # the audit's readback is not decoding work
+    return Generation(tokens=output, stop_reason=reason, seconds=seconds, prefill_s=prefill_s, cycles=cycles,
+                      chosen_ids=torch.stack([c.indices for c in chosen]).cpu().numpy(),
+                      chosen_logits=torch.stack([c.values for c in chosen]).cpu().numpy())
 
 
 def pass_record(draft: Draft, accepted: Sequence[int], kept: int, draft_s: float, verify_s: float,
@@ -210,6 +221,8 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
     output: list[int] = []
     states: list[np.ndarray] = []  # states[i] = state with output[i] as input (one behind the output)
     tops: list[np.ndarray] = []
+    chosen_ids: list[np.ndarray] = []  # per committed token: the top-8 of the row that chose it
+    chosen_logits: list[np.ndarray] = []
     first_state = first_top = None
     cycles: list[Cycle] = []
     reason = None
@@ -235,6 +248,8 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
         tops.extend(fwd.topk[rows[1:]])
         new = [draft.tokens[i] for i in accepted] + [bonus]
         kept, reason = stop.commit(output, new)
+        chosen_ids.extend(fwd.topk[rows[:kept]])  # row j chose new[j]
+        chosen_logits.extend(fwd.topk_logits[rows[:kept]])
         t2 = time.perf_counter()
         result = VerifyResult(draft=draft, accepted_nodes=accepted, bonus=bonus, committed=new[:kept],
                               argmax=fwd.argmax, topk=fwd.topk, hidden=fwd.hidden)
@@ -254,4 +269,5 @@ def decode_speculative(lm: LoadedModel, tap: LayerTap, prompt: Sequence[int], dr
     untimed = (drafter.untimed_s - untimed0) if measured else 0.0
     return Generation(tokens=output, stop_reason=reason, seconds=time.perf_counter() - t_start - untimed,
                       prefill_s=prefill_s, cycles=cycles, hidden=hidden, hidden_valid=valid, topk=topk,
-                      prompt_last_hidden=first_state, prompt_last_topk=first_top)
+                      prompt_last_hidden=first_state, prompt_last_topk=first_top,
+                      chosen_ids=np.stack(chosen_ids), chosen_logits=np.stack(chosen_logits))

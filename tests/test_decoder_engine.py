@@ -15,10 +15,11 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from data.errors import OilbirdError
-from data.models import LayerTap, load_model
+from data.models import LayerTap, cache_kwargs, load_model
 from decoder.draft import ROOT, Draft
 from decoder.engine import StopRule, decode_greedy, decode_speculative, stop_rule, verify_tree
-from decoder.harness import DecodeConfig, first_difference, run_decode
+from decoder.audit import first_difference
+from decoder.harness import DecodeConfig, run_decode
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 
@@ -251,7 +252,7 @@ def test_tree_verify_equals_sequential(kind, impl, tiny_dirs):
     layer = 2
     tap = LayerTap(model, layer)
     cache = DynamicCache()
-    model(input_ids=torch.tensor([prompt[:-1]]), past_key_values=cache, use_cache=True)
+    model(input_ids=torch.tensor([prompt[:-1]]), **cache_kwargs(model, cache), use_cache=True)
     tap.take()
     past = len(prompt) - 1
     fwd = verify_tree(model, cache, past, prompt[-1], tokens, parents, tap)
@@ -268,7 +269,7 @@ def test_tree_verify_equals_sequential(kind, impl, tiny_dirs):
     path_nodes = Draft(tokens, parents).path_to(leaf)
     compact_cache(cache, past, [0] + [1 + i for i in path_nodes])
     nxt = 7
-    cont = model(input_ids=torch.tensor([[nxt]]), past_key_values=cache, use_cache=True,
+    cont = model(input_ids=torch.tensor([[nxt]]), **cache_kwargs(model, cache), use_cache=True,
                  position_ids=torch.tensor([[past + 1 + len(path_nodes)]])).logits[0, -1]
     want = model(input_ids=torch.tensor([prompt + draft_paths[leaf + 1] + [nxt]])).logits[0, -1]
     torch.testing.assert_close(cont, want, rtol=1e-4, atol=1e-4)
@@ -276,7 +277,7 @@ def test_tree_verify_equals_sequential(kind, impl, tiny_dirs):
         cache.crop(past - cache.get_seq_length())
         bool_mask = tree_attention_mask(parents, past) == 0
         bad = model(input_ids=torch.tensor([[prompt[-1], *tokens]]), attention_mask=bool_mask,
-                    position_ids=tree_position_ids(parents, past), past_key_values=cache, use_cache=True)
+                    position_ids=tree_position_ids(parents, past), **cache_kwargs(model, cache), use_cache=True)
         assert not torch.allclose(bad.logits[0].float(), fwd.logits, atol=1e-3)
     tap.close()
 
