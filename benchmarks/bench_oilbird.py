@@ -2,14 +2,17 @@
 
 Serves each benchmark (default: API-Bank first 200 requests, then GSM8K first 50 as the control) with
 SmolLM2 through `decoder.harness.run_decode` (ar first, every arm audited token for token against it;
-per-arm outputs under runs/<bench>/<model>/decode/<arm>/) and prints per arm: tau, speedup over ar,
-the sole-source share (the paper's: accepted tokens only the semantic source proposed / all committed
-tokens, bonus tokens included), the retrieval cost as a fraction of cycle time (the key's queries + the ring buffer's
+per-arm outputs under runs/<bench>/<model>/decode/<arm>/) and prints per arm: tau, tokens/s, speedup over
+ar and over the faster of ar and ar-static (transformers' generate with a static cache, compiled; run by
+default beside ar), each the median over `--rounds R` rounds (default 3, the arm order rotated each round,
+bench_decode.py) with [min-max], the sole-source share (the paper's: accepted tokens only the
+semantic source proposed / all committed tokens, bonus tokens included), the retrieval cost as a fraction of cycle time (the key's queries + the ring buffer's
 lookups, timed inside the drafter, over draft + verify + update time), the drafting overhead, and
 the semantic store's bytes per generated token (float16 state + token + row pointers).
 
 Usage: python benchmarks/bench_oilbird.py [--bench apibank,gsm8k] [--limit 200,50] [--model smollm2-135m]
-[--arms ar,recycling,...] [--max-new-tokens N] [--nodes 60] [--out runs] [--json PATH]
+[--arms ar,ar-static,recycling,...] [--max-new-tokens N] [--nodes 60] [--rounds 3] [--no-compile] [--out runs]
+[--json PATH]
 """
 
 from __future__ import annotations
@@ -17,12 +20,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_decode import add_serve_args, serve  # benchmarks/ is the script's directory, so on sys.path
+from bench_decode import SPEED_HEADS, add_serve_args, serve, speed_columns, speed_notes  # benchmarks/ is on sys.path
 from data.benchmarks import get_benchmark
 from data.errors import OilbirdError, cli_entry
 
-DEFAULT_ARMS = ("ar", "recycling", "sam", "suffix", "lexical", "oilbird", "oilbird-no-semantic", "semantic-only",
-                "semantic-null", "oilbird-root-attached", "oilbird-request-key", "oilbird-fixed-depth", "pld",
+DEFAULT_ARMS = ("ar", "ar-static", "recycling", "sam", "suffix", "lexical", "oilbird", "oilbird-no-semantic",
+                "semantic-only", "semantic-null", "oilbird-root-attached", "oilbird-request-key", "oilbird-fixed-depth", "pld",
                 "pld+key", "recycling+key")
 
 
@@ -32,19 +35,21 @@ def _pct(x) -> str:
 
 def table(rows: list[dict]) -> str:
     width = max([10, *(len(s["arm"]) for s in rows)])
-    head = (f"{'bench':<8} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {'tok/s':>7} {'speedup':>8} "
+    cols, w = speed_columns(rows)
+    head = (f"{'bench':<8} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {SPEED_HEADS[0]:>{w[0]}} "
+            f"{SPEED_HEADS[1]:>{w[1]}} {SPEED_HEADS[2]:>{w[2]}} "
             f"{'sole':>7} {'retrieval':>9} {'overhead':>8} {'B/token':>8} {'lossless':>9}")
     lines = [head, "-" * len(head)]
-    for s in rows:
+    for s, (tok, speedup, fastest) in zip(rows, cols):
         audit = s["lossless"]
         share = s.get("sole_source_share")
         bpt = s.get("store_bytes_per_token")
         lines.append(f"{s['bench']:<8} {s['arm']:<{width}} {s['requests']:>4} {s['generated_tokens']:>7} "
-                     f"{s['tau']:>6.2f} {s['tokens_per_s']:>7.1f} {(s['speedup'] or 0):>7.2f}x "
+                     f"{s['tau']:>6.2f} {tok:>{w[0]}} {speedup:>{w[1]}} {fastest:>{w[2]}} "
                      f"{_pct(share and share['value'])} {_pct(s.get('retrieval_fraction')):>9} "
                      f"{_pct(s['overhead_fraction']):>8} {(f'{bpt:.0f}' if bpt else '-'):>8} "
                      f"{audit['matched']:>4}/{audit['requests']:<4}")
-    return "\n".join(lines)
+    return "\n".join(lines + speed_notes(rows))
 
 
 def parse_limits(text: str, n: int) -> list[int | None]:
@@ -68,7 +73,8 @@ def main(argv=None) -> int:
     ap.add_argument("--bench", default="apibank,gsm8k", help="comma-separated benchmarks (default apibank,gsm8k)")
     ap.add_argument("--limit", default="200,50", help="first N requests: one value, or one per benchmark")
     ap.add_argument("--model", default="smollm2-135m")
-    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS), help="comma-separated arms (ar always runs first)")
+    ap.add_argument("--arms", default=",".join(DEFAULT_ARMS),
+                    help="comma-separated arms (ar always runs first; ar-static: the compiled generate reference)")
     add_serve_args(ap)
     args = ap.parse_args(argv)
 

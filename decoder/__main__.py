@@ -19,6 +19,9 @@ from data.errors import cli_entry
 
 ARMS_HELP = """arms:
   ar                     plain greedy decoding (the reference; always run first)
+  ar-static              transformers' generate, greedy, static cache, compiled (CUDA: transformers' own
+                         auto-compile; CPU: asked for; --no-compile: eager): the greedy decoder a GPU user
+                         runs, a second speed reference (speedup_vs_fastest_ar) audited against ar
   pld, suffix, sam, recycling, lexical
                          the lexical drafters (prompt lookup, SuffixDecoding, SAM-Decoding,
                          Token Recycling, and the merged spine/branch/adjacency tree)
@@ -95,6 +98,11 @@ def serve_main(argv: list[str] | None = None) -> int:
                         "not with --warm-from)")
     p.add_argument("--index-train", type=int, default=0, metavar="N",
                    help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
+    p.add_argument("--rounds", type=int, default=1, metavar="R",
+                   help="serve with every arm R times, the arm order rotated each round (round r starts at arm r mod n); "
+                        "tokens/s and speedups are medians over the rounds with [min, max], the rest from round 1 "
+                        "(default 1; the speed benches use 3)")
+    p.add_argument("--no-compile", action="store_true", help="ar-static without torch.compile (static cache, eager)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
@@ -104,7 +112,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     cfg = DecodeConfig(bench=args.bench, model=args.model, arms=arms, limit=args.limit, nodes=args.nodes,
                        max_new_tokens=args.max_new_tokens, out=args.out, warm_from=args.warm_from,
                        dtype=args.dtype, device=args.device, progress=not args.quiet, index=args.index,
-                       store_budget=args.store_budget, index_train_size=args.index_train)
+                       store_budget=args.store_budget, index_train_size=args.index_train, rounds=args.rounds,
+                       static_compile=False if args.no_compile else None)
     summaries = run_decode(cfg)
     print(format_table(summaries))
     print(f"written: {next(iter(summaries.values()))['decode_dir']}/<arm>/")

@@ -4,14 +4,31 @@
 for losslessness; added when the user leaves it out), then each drafter arm with a fresh pool,
 and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`. An arm may be a variant
 `arm@field=value:...` of a library arm (e.g. oilbird@theta=0.7), as replay takes it
-(decoder/drafters `parse_variant`); its folder carries the variant's name.
+(decoder/drafters `parse_variant`); its folder carries the variant's name. `ar-static` is a second
+greedy reference, transformers' generate with a static cache, compiled (decoder/reference.py); its
+summary.json adds `compiled` (whether the decode step ran compiled) and `generate` (the settings).
+
+Rounds (`rounds`, --rounds R; default 1 here and in `python -m decoder`, 3 in the speed benches): every
+arm serves the benchmark R times, each time with fresh pools; round r (0-based) runs the arms in their
+order rotated to start at arm r mod n, so round 1 starts with ar and machine drift does not land on one
+arm's side of a ratio. Per round, speedup = the arm's tokens/s over ar's of that round, and
+speedup_vs_fastest_ar = over max(ar, ar-static) of that round; summary.json keeps tokens_per_s,
+speedup and speedup_vs_fastest_ar as the median over the rounds, each with `_rounds` (one per round)
+and `_range` ([min, max]), and `round_order` (the arms in the order each round ran them). Everything
+else (tau, pass statistics, the time split, cycles.parquet, requests.parquet) comes from round 1.
+The audit rule: every arm is audited against ar's round-1 tokens, after all rounds (ar has then always
+run); ar runs first in round 1, so a --store-budget below one of its traces is refused before any
+drafting. Decoding is deterministic: each later round's tokens are compared with the same arm's
+round-1 tokens, and a difference is printed as a warning and recorded (`rounds_identical` false,
+`round_mismatches`: [{round, requests}]).
 
   cycles.parquet    one row per verification pass: request, pass, nodes, accepted, committed,
                     sources (per accepted node, e.g. "adjacency|sam"), draft_s, verify_s, update_s
   requests.parquet  one row per request: request, id, group, prompt_hash, output_tokens,
                     stop_reason, seconds, prefill_s, pool_s, passes
   summary.json      tau (with a request-bootstrap interval), tokens/s, speedup over this invocation's
-                    ar, time split and overhead fraction, the lossless audit against ar, the pass
+                    ar and speedup_vs_fastest_ar (medians over the rounds, see Rounds), time split
+                    and overhead fraction, the lossless audit against ar, the pass
                     statistics of decoder/passes.py (per-source drafted/accepted tokens, nodes and
                     drafting time per pass); for arms with the semantic key: sole_source_share (the
                     paper's: sole-semantic tokens / all committed tokens) and sole_source_share_of_draft
@@ -42,6 +59,7 @@ from __future__ import annotations
 import datetime
 import os
 import shutil
+import statistics
 import sys
 import tempfile
 import time
@@ -57,15 +75,16 @@ from data.benchmarks import get_benchmark, load_requests
 from data.budget import check_budget
 from data.capture import library_versions, prompt_hash
 from data.errors import OilbirdError
-from data.models import LayerTap, LoadedModel, encode_prompt, load_model
+from data.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
 from data.store import atomic_write_json, atomic_write_table, open_store, store_dir
 from data.stats import RequestBootstrap
+from decoder.audit import lossless_audit
 from decoder.draft import Drafter
 from decoder.engine import Cycle, Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
+from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
 from decoder.pools import TenantPools, check_index, index_summary, resolve_budget, warmup_note
 
-REFERENCE_ARM = "ar"
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in
 DEFAULT_ARMS = ("ar", "pld", "suffix", "sam", "recycling", "lexical", "oilbird")
@@ -92,6 +111,8 @@ class DecodeConfig:
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
     knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
+    rounds: int = 1  # --rounds: every arm serves the benchmark this many times, the order rotated each round
+    static_compile: bool | None = None  # ar-static: None = compile (decoder/reference.py), False = --no-compile
 
     def shared(self) -> dict:
         """Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
@@ -116,7 +137,7 @@ def library_drafters() -> dict[str, ArmFactory]:
     from decoder.drafters import arm_names
 
     # the library's own "ar" (an empty-draft drafter) would shadow the plain greedy reference
-    return {name: library_factory(name) for name in arm_names() if name != REFERENCE_ARM}
+    return {name: library_factory(name) for name in arm_names() if name not in (REFERENCE_ARM, STATIC_ARM)}
 
 
 def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -> tuple[list[str], bool]:
@@ -130,7 +151,7 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
     dupes = sorted({a for a in names if names.count(a) > 1})
     if dupes:
         raise OilbirdError(f"--arms names {', '.join(dupes)} twice")
-    known = [REFERENCE_ARM, *factories]
+    known = [REFERENCE_ARM, STATIC_ARM, *factories]
     library = library_drafters()
     for a in names:
         if a in known:
@@ -171,7 +192,7 @@ def warm_up(lm: LoadedModel, prompt: list[int]) -> None:
 
     cache = DynamicCache()
     head = prompt[:64]
-    lm.model(input_ids=torch.tensor([head], device=lm.device), past_key_values=cache, use_cache=True)
+    lm.model(input_ids=torch.tensor([head], device=lm.device), **cache_kwargs(lm.model, cache), use_cache=True)
     verify_tree(lm.model, cache, len(head), head[-1], head[:8], list(range(-1, min(8, len(head)) - 1)))
 
 
@@ -187,8 +208,9 @@ class ArmRun:
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
               factory: ArmFactory | None, warm_pool, progress_desc: str, tenants: list[str] | None = None,
-              budget_tokens: int | None = None) -> ArmRun:
-    """Serve every prompt in order with the arm: one drafter per tenant (decoder/pools.py), `ar` with none."""
+              budget_tokens: int | None = None, static: StaticGreedy | None = None) -> ArmRun:
+    """Serve every prompt in order with the arm: one drafter per tenant (decoder/pools.py), `ar` with none,
+    `ar-static` through `static` (transformers' generate, decoder/reference.py)."""
     from tqdm import tqdm
 
     tenants = tenants or [""] * len(prompts)
@@ -207,7 +229,10 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
     tap = LayerTap(lm.model, lm.layer) if pools is not None else None
     try:
         for r, prompt in enumerate(prompts):
-            if pools is None:
+            if static is not None:
+                g = static.decode(prompt)
+                pool_s.append(0.0)
+            elif pools is None:
                 g = decode_greedy(lm, prompt, stop)
                 pool_s.append(0.0)
             else:
@@ -235,34 +260,49 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
     return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None)
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """The first position where two token lists differ (a prefix differs at the shorter length)."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def lossless_audit(run: ArmRun, reference: ArmRun, request_ids: list[str]) -> dict:
-    mismatches = []
-    for r, (g, ref) in enumerate(zip(run.generations, reference.generations)):
-        pos = first_difference(g.tokens, ref.tokens)
-        if pos is not None:
-            mismatches.append({"request": r, "id": request_ids[r], "first_diff": pos,
-                               "ar_tokens": len(ref.tokens), "arm_tokens": len(g.tokens)})
-    n = len(run.generations)
-    return {"reference": REFERENCE_ARM, "requests": n, "matched": n - len(mismatches),
-            "lossless": not mismatches, "mismatches": mismatches}
-
-
 def tokens_per_s(run: ArmRun) -> float:
     """Generated tokens over the wall time of serving them: prefill, passes and pool insertion."""
     seconds = sum(g.seconds for g in run.generations) + sum(run.pool_s)
     return sum(len(g.tokens) for g in run.generations) / seconds if seconds > 0 else 0.0
 
 
+def median_range(values: list[float]) -> tuple[float, list[float]]:
+    """The median of one value per round and its [min, max]."""
+    return float(statistics.median(values)), [float(min(values)), float(max(values))]
+
+
+def speed_summary(arm_rounds: list[float], ar_rounds: list[float] | None,
+                  static_rounds: list[float] | None = None) -> dict:
+    """tokens/s and the speedups of an arm over its rounds (one value per round, in round order).
+
+    A round's speedup is the arm's tokens/s over `ar`'s of the same round; its speedup_vs_fastest_ar, over the
+    faster of `ar` and `ar-static` in that round (`ar` alone when ar-static did not run). Each figure is the
+    median over the rounds, with `_rounds` (every round) and `_range` ([min, max]) beside it."""
+    tok, tok_range = median_range(arm_rounds)
+    out = {"tokens_per_s": tok, "tokens_per_s_rounds": [float(x) for x in arm_rounds], "tokens_per_s_range": tok_range}
+    if not ar_rounds or not all(ar_rounds):
+        return {**out, "speedup": None, "speedup_rounds": None, "speedup_range": None, "ar_tokens_per_s": None,
+                "ar_tokens_per_s_rounds": None, "speedup_vs_fastest_ar": None, "speedup_vs_fastest_ar_rounds": None,
+                "speedup_vs_fastest_ar_range": None, "fastest_ar_rounds": None, "ar_static_tokens_per_s": None}
+    static = list(static_rounds) if static_rounds else [0.0] * len(ar_rounds)
+    fastest = [max(a, st) for a, st in zip(ar_rounds, static)]
+    speedups = [x / a for x, a in zip(arm_rounds, ar_rounds)]
+    vs_fastest = [x / f for x, f in zip(arm_rounds, fastest)]
+    out["speedup"], out["speedup_range"] = median_range(speedups)
+    out["speedup_rounds"] = speedups
+    out["ar_tokens_per_s"], _ = median_range(ar_rounds)
+    out["ar_tokens_per_s_rounds"] = [float(x) for x in ar_rounds]
+    out["speedup_vs_fastest_ar"], out["speedup_vs_fastest_ar_range"] = median_range(vs_fastest)
+    out["speedup_vs_fastest_ar_rounds"] = vs_fastest
+    out["fastest_ar_rounds"] = [STATIC_ARM if st > a else REFERENCE_ARM for a, st in zip(ar_rounds, static)]
+    out["ar_static_tokens_per_s"] = median_range(static_rounds)[0] if static_rounds else None
+    return out
+
+
 def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], base: dict,
-              bootstrap: int = 2000, seed: int = 0) -> dict:
+              bootstrap: int = 2000, seed: int = 0, speed: dict | None = None) -> dict:
+    """One arm's summary.json from one round's run (`run`, audited against `reference`); `speed` carries the
+    tokens/s and speedups over every round (speed_summary), by default those of `run` alone."""
     gens = run.generations
     cycles = [c for g in gens for c in g.cycles]
     draft_s = sum(c.draft_s for c in cycles)
@@ -274,8 +314,8 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
     boot = RequestBootstrap(len(gens), bootstrap, seed) if bootstrap > 0 else None
     passes = pass_statistics([g.cycles for g in gens], has_key, boot)
     retrieval_s = stats.get("semantic_time_s", 0.0) + stats.get("rollout_time_s", 0.0)
-    tok_s = tokens_per_s(run)
-    ref_tok_s = tokens_per_s(reference) if reference is not None else 0.0
+    if speed is None:
+        speed = speed_summary([tokens_per_s(run)], [tokens_per_s(reference)] if reference is not None else None)
     stops: dict[str, int] = {}
     for g in gens:
         stops[g.stop_reason] = stops.get(g.stop_reason, 0) + 1
@@ -287,9 +327,7 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         **passes,
         "tau": passes["tau"] or 0.0,
         "seconds": sum(g.seconds for g in gens) + sum(run.pool_s),
-        "tokens_per_s": tok_s,
-        "speedup": tok_s / ref_tok_s if ref_tok_s else None,
-        "ar_tokens_per_s": ref_tok_s or None,
+        **speed,
         "time": {"prefill_s": sum(g.prefill_s for g in gens), "draft_s": draft_s, "verify_s": verify_s,
                  "update_s": update_s, "pool_s": sum(run.pool_s), "warm_pool_s": run.warm_s},
         "draft_fraction": draft_s / cycle_s if cycle_s else 0.0,
@@ -303,7 +341,8 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         **(run.pools or {"tenants": None, "store_budget_tokens": base.get("store_budget_tokens"),
                          "max_pool_tokens": None, "pool_evictions": None, "evicted_traces": None}),
         "stop_reasons": stops,
-        "lossless": lossless_audit(run, reference, request_ids) if reference is not None else None,
+        "lossless": (lossless_audit(run.generations, reference.generations, request_ids, base["dtype"], REFERENCE_ARM)
+                     if reference is not None else None),
     }
 
 
@@ -367,6 +406,8 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
     """Serve the benchmark with every arm; returns {arm: summary} (also written under decode/<arm>/)."""
     if cfg.nodes < 0:
         raise OilbirdError(f"--nodes must be 0 or more (got {cfg.nodes})")
+    if cfg.rounds < 1:
+        raise OilbirdError(f"--rounds must be at least 1 (got {cfg.rounds})")
     info = get_benchmark(cfg.bench)
     factories = {**library_drafters(), **(extra_arms or {})}
     arms, added = resolve_arms(tuple(cfg.arms), factories)
@@ -393,6 +434,13 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
     if any(not p for p in prompts):
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
     warm_up(lm, prompts[0])
+    static = None
+    if STATIC_ARM in arms:  # built and warmed (compiled) once, before any timing
+        static = StaticGreedy(lm, stop, max(len(p) for p in prompts), cfg.static_compile)
+        if static.compile_requested:
+            print(f"note: {STATIC_ARM}: compiling the decode step (untimed; a minute or so the first time on CPU)",
+                  file=sys.stderr)
+        static.warm_up(prompts[0])
     out_dir = decode_dir(cfg.out, cfg.bench, lm.slug)
     base = {
         "bench": cfg.bench, "model": lm.name, "model_fingerprint": lm.fingerprint,
@@ -405,16 +453,40 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         "versions": library_versions(),
     }
     ids = [r.id for r in requests]
+    n, rounds = len(arms), cfg.rounds
+    orders = [arms[r % n:] + arms[:r % n] for r in range(rounds)]  # round r starts at arm r mod n: round 1 at ar
+    base.update({"rounds": rounds, "round_order": orders})
+    first: dict[str, ArmRun] = {}  # round 1's run of every arm: tau, the audit and the tables come from it
+    speeds: dict[str, list[float]] = {a: [] for a in arms}  # tokens/s per round
+    differ: dict[str, list[dict]] = {a: [] for a in arms}  # rounds whose tokens differ from round 1's
+    for r, order in enumerate(orders):
+        for k, name in enumerate(order):
+            run = serve_arm(name, lm, prompts, cfg, stop, factories.get(name), warm_pool,
+                            f"{name} (round {r + 1}/{rounds}, {k + 1}/{n})", tenants, budget_tokens,
+                            static if name == STATIC_ARM else None)
+            speeds[name].append(tokens_per_s(run))
+            if r == 0:
+                first[name] = run
+                if name == REFERENCE_ARM:  # the first arm of round 1
+                    # every arm commits ar's tokens: a budget below one of its traces is refused before any drafting
+                    check_budget(budget_tokens, [len(g.tokens) for g in run.generations])
+                continue
+            changed = [q for q, (g, g0) in enumerate(zip(run.generations, first[name].generations))
+                       if g.tokens != g0.tokens]
+            if changed:
+                differ[name].append({"round": r + 1, "requests": changed})
+                print(f"warning: {name} decoded {len(changed)} request(s) differently in round {r + 1} than in "
+                      f"round 1 (requests {', '.join(map(str, changed[:8]))}{', ...' if len(changed) > 8 else ''})",
+                      file=sys.stderr)
+    reference = first[REFERENCE_ARM]
     summaries: dict[str, dict] = {}
-    reference: ArmRun | None = None
-    for k, name in enumerate(arms):
-        run = serve_arm(name, lm, prompts, cfg, stop, factories.get(name), warm_pool,
-                        f"{name} ({k + 1}/{len(arms)})", tenants, budget_tokens)
-        if name == REFERENCE_ARM:
-            reference = run
-            # every arm commits ar's tokens: a budget below one of its traces is refused before any drafting
-            check_budget(budget_tokens, [len(g.tokens) for g in run.generations])
-        summary = summarize(run, reference, ids, base)
+    for name in arms:
+        run = first[name]
+        speed = speed_summary(speeds[name], speeds[REFERENCE_ARM], speeds.get(STATIC_ARM))
+        summary = summarize(run, reference, ids, base, speed=speed)
+        summary.update({"rounds_identical": not differ[name], "round_mismatches": differ[name]})
+        if name == STATIC_ARM:
+            summary.update(static.summary())
         write_folder(out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                       "requests.parquet": requests_table(run, requests, prompts),
                                       "summary.json": summary})
@@ -422,15 +494,38 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
     return summaries
 
 
+def with_range(s: dict, key: str, digits: int = 2, suffix: str = "") -> str:
+    """`s[key]` (a median over rounds) and, with more than one round, its [min-max]: "1.84x [1.71-1.90]"."""
+    value, rng = s.get(key), s.get(f"{key}_range")
+    if value is None:
+        return "-"
+    text = f"{value:.{digits}f}{suffix}"
+    if rng and len(s.get(f"{key}_rounds") or ()) > 1:
+        text += f" [{rng[0]:.{digits}f}-{rng[1]:.{digits}f}]"
+    return text
+
+
 def format_table(summaries: dict[str, dict]) -> str:
-    """tau, tokens/s, speedup, overhead and the audit per arm, as printed at the end of a run."""
+    """tau, tokens/s, speedup over ar and over the faster of ar and ar-static, overhead and the audit per arm,
+    as printed at the end of a run; with --rounds R the speed figures are medians over the rounds [min-max]."""
     width = max([12, *(len(n) + 1 for n in summaries)])
-    lines = [f"{'arm':<{width}} {'tau':>6} {'tok/s':>8} {'speedup':>8} {'overhead':>9} {'sole':>6} {'lossless':>10}"]
-    for name, s in summaries.items():
+    cols = [(with_range(s, "tokens_per_s", 1), with_range(s, "speedup", 2, "x"),
+             with_range(s, "speedup_vs_fastest_ar", 2, "x")) for s in summaries.values()]
+    w = [max([len(h), *(len(c[i]) for c in cols)]) for i, h in enumerate(("tok/s", "speedup", "vs fastest ar"))]
+    lines = [f"{'arm':<{width}} {'tau':>6} {'tok/s':>{w[0]}} {'speedup':>{w[1]}} {'vs fastest ar':>{w[2]}} "
+             f"{'overhead':>9} {'sole':>6} {'lossless':>10}"]
+    for (name, s), (tok, speedup, fastest) in zip(summaries.items(), cols):
         audit = s["lossless"]
         share = s.get("sole_source_share")
         sole = f"{100 * share['value']:>5.1f}%" if share and share["value"] is not None else f"{'-':>6}"
-        lines.append(f"{name:<{width}} {s['tau']:>6.2f} {s['tokens_per_s']:>8.1f} "
-                     f"{(s['speedup'] or 0):>7.2f}x {100 * s['overhead_fraction']:>8.1f}% {sole} "
+        lines.append(f"{name:<{width}} {s['tau']:>6.2f} {tok:>{w[0]}} {speedup:>{w[1]}} {fastest:>{w[2]}} "
+                     f"{100 * s['overhead_fraction']:>8.1f}% {sole} "
                      f"{audit['matched']:>4}/{audit['requests']:<5}")
+    first = next(iter(summaries.values()), {})
+    if (first.get("rounds") or 1) > 1:
+        lines.append(f"tok/s and speedups: median over {first['rounds']} rounds [min-max], each round's arm over "
+                     "that round's ar (vs fastest ar: over the faster of ar and ar-static)")
+    lines += [f"warning: {name} decoded differently in round(s) "
+              f"{', '.join(str(m['round']) for m in s['round_mismatches'])} than in round 1"
+              for name, s in summaries.items() if s.get("round_mismatches")]
     return "\n".join(lines)

@@ -55,6 +55,7 @@ import polars as pl
 from data.benchmarks import EXPECTED_COUNTS, GRID_BENCHES
 from data.errors import OilbirdError
 from decoder.passes import DEPTH_ROWS
+from decoder.reference import REFERENCE_ARM, STATIC_ARM
 from decoder.verdict import ENABLE_SHARE, OFF_SHARE, Verdict, verdict
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, esc, load_token_text, render_cases
@@ -517,8 +518,11 @@ def cases_section(result: Result, census: Census, token_text: TokenText | None) 
     req_path = result.folder / "traces" / "requests.parquet"
     if req_path.exists():
         try:
-            r = pl.read_parquet(req_path, columns=["request", "id"])
-            request_ids = dict(zip(r["request"].to_list(), r["id"].to_list()))
+            # pyarrow, not polars: polars before 1.3x cannot parse the store's float16 columns at all
+            import pyarrow.parquet as pq
+
+            r = pq.read_table(req_path, columns=["request", "id"])
+            request_ids = dict(zip(r["request"].to_pylist(), r["id"].to_pylist()))
         except Exception:  # the ids are a courtesy; the viewer stands without them
             request_ids = None
     intro = ('<p class="caption">The generated text of three requests (highest, median and lowest gap rate among '
@@ -1246,6 +1250,17 @@ def _speed(arm) -> str:
     return f"{arm.summary['speedup']:.2f}×" if arm is not None and _finite(arm.summary.get("speedup")) else "n/a"
 
 
+def _audit_cell(audit: dict | None) -> str:
+    """matched/requests, with the mismatches' kinds (decoder/audit.py) when there are any."""
+    if not audit:
+        return "n/a"
+    cell = f"{number(audit.get('matched'))}/{number(audit.get('requests'))}"
+    if audit.get("mismatches") and "numeric" in audit:
+        cell += (f" ({number(audit.get('numeric'))} numeric, {number(audit.get('algorithmic'))} algorithmic, "
+                 f"{esc(str(audit.get('dtype')))})")
+    return cell
+
+
 def decoder_section(result: Result) -> str:
     title = "Decoder: what the draft sources deliver"
     if not result.arms:
@@ -1257,14 +1272,18 @@ def decoder_section(result: Result) -> str:
     for a in arms:
         s = a.summary
         audit = s.get("lossless") if isinstance(s.get("lossless"), dict) else None
-        lossless = (f"{number(audit.get('matched'))}/{number(audit.get('requests'))}" if audit else "n/a")
+        lossless = _audit_cell(audit)
         rows.append([esc(a.name), number(_tau(s)[0]), number(s.get("tokens_per_s")), _speed(a),
                      number(s.get("overhead_fraction"), "pct"), number(s.get("mean_nodes")), lossless,
                      number(s.get("requests"))])
     parts = [table(["arm", "tau", "tokens/s", "speedup", "draft+update share", "mean nodes", "lossless",
                     "requests"], rows, {1, 2, 3, 4, 5, 6, 7},
                    caption="tau = committed tokens per verification pass; speedup = tokens/s over the same "
-                           "invocation's ar; lossless = requests whose output equals ar's.")]
+                           "invocation's ar; lossless = requests whose output equals ar's token for token. A "
+                           "mismatch is numeric when the arm committed its own forward's argmax and both logit "
+                           "gaps at the first difference are within the dtype's rounding (bfloat16: tree and "
+                           "one-token scoring round differently), algorithmic otherwise (a decoder bug); "
+                           "float32 must match exactly (docs/lossless.md).")]
     value = lambda v: v if _finite(v) else None  # noqa: E731
     parts.append(charts.arm_chart([a.name for a in arms], [value(_tau(a.summary)[0]) for a in arms],
                                   [value(a.summary.get("speedup")) for a in arms]))
@@ -1303,8 +1322,9 @@ def main_share(result: Result) -> float | None:
 
 
 def fastest_arm(result: Result, exclude=None):
-    """The drafting arm (not ar, not `exclude`) with the highest speedup, or None."""
-    arms = [a for a in result.arms if a is not exclude and a.name != "ar" and _finite(a.summary.get("speedup"))]
+    """The drafting arm (not a greedy reference, not `exclude`) with the highest speedup, or None."""
+    arms = [a for a in result.arms if a is not exclude and a.name not in (REFERENCE_ARM, STATIC_ARM)
+            and _finite(a.summary.get("speedup"))]
     return max(arms, key=lambda a: a.summary["speedup"], default=None)
 
 

@@ -1420,3 +1420,14 @@ def test_headline_without_interval_is_not_established(tmp_path):
     assert cls == "neutral" and ": not established (no paired interval for the ratio" in line
     assert "(ablations/ablations.json says target_met = false.)" in line
     assert rows["baseline lexical"][3] == "×1.300"
+
+
+def test_decoder_table_shows_mismatch_kinds():
+    """The lossless cell names the audit's numeric and algorithmic counts and the dtype (decoder/audit.py)."""
+    from reports.render import _audit_cell
+
+    exact = {"matched": 8, "requests": 8, "numeric": 0, "algorithmic": 0, "dtype": "float32", "mismatches": []}
+    assert _audit_cell(exact) == "8/8"
+    mixed = {**exact, "matched": 5, "numeric": 3, "dtype": "bfloat16", "mismatches": [{}, {}, {}]}
+    assert _audit_cell(mixed) == "5/8 (3 numeric, 0 algorithmic, bfloat16)"
+    assert _audit_cell({"matched": 4, "requests": 4}) == "4/4" and _audit_cell(None) == "n/a"
