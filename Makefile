@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# CPU wheel by default. A GPU user picks the CUDA build with one variable (docs/gpu.md):
+# CPU wheel by default. A GPU user picks the CUDA build with one variable (docs/install.md):
 #   make install TORCH_INDEX=https://download.pytorch.org/whl/cu130   (torch==2.13.0 from that index)
 #   make install VENV_FLAGS=--system-site-packages TORCH_SPEC=          (keep the image's own torch)
 TORCH_SPEC  ?= torch==2.13.0
@@ -16,7 +16,7 @@ OUT    ?= runs
 ARGS   ?=
 # Capture settings of the make targets. SmolLM2 on CPU loops until the cap on about a third of
 # API-Bank requests, so the main job caps generation at 256 tokens and decodes 32 rows at a time
-# (16.3 min for all of API-Bank on 2 cores, tokens equal to the 8-row capture; README);
+# (16.3 min for all of API-Bank on 2 cores, tokens equal to the 8-row capture; docs/benchmarks.md);
 # MAX_NEW= (empty) uses the benchmark's own cap (1024 for API-Bank), BATCH=1 plain batch-1 decoding.
 MAX_NEW ?= 256
 BATCH   ?= 32

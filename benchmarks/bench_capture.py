@@ -31,10 +31,11 @@ import time
 import torch
 
 from data.benchmarks import get_benchmark, load_requests
-from data.capture import (PrefixCache, ReferencePrefixCache, fit_prompts, greedy_batch, reference_tokens,
-                          teacher_forced, teacher_forced_cached)
+from data.capture import fit_prompts
 from data.errors import OilbirdError, cli_entry
+from data.greedy import PrefixCache, greedy_batch
 from data.models import LayerTap, cache_kwargs, encode_prompt, load_model
+from data.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
 
 
 @torch.no_grad()

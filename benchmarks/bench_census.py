@@ -23,9 +23,9 @@ import numpy as np
 import torch
 
 from census.definitions import CensusConfig, CensusInput
-from census.knn import pick_device
-from census.run import census_positions
+from census.positions import census_positions
 from data.errors import OilbirdError, cli_entry
+from data.models import pick_device
 
 
 def parse_size(text: str) -> int:

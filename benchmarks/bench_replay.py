@@ -24,14 +24,14 @@ import sys
 import time
 
 from data.errors import OilbirdError, cli_entry
-from data.models import model_slug
-from data.store import store_dir
-from decoder.replay import DECISION_ARMS, ReplayConfig, format_table, run_replay
+from data.layout import bench_replay_dir, model_slug
+from decoder.policy import DECISION_ARMS, TARGET_RATIO
+from decoder.replay import ReplayConfig, run_replay
+from decoder.replay_table import format_table
 
 PUBLISHED_SUFFIX = {"path mode, spec factor 1.0": 6.32, "tree mode, spec factor 4": 8.05}
 TARGET_SECONDS = 180.0
 TARGET_DRAFT_FRACTION = 0.03
-TARGET_OILBIRD_GAIN = 1.25
 
 
 @cli_entry
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
 
     def replay(arm_list, quiet=False):
         # written beside, never over, the replay/ the reports read (a --limit run would cut it short)
-        folder = store_dir(args.out, args.bench, model_slug(args.model)).parent / "bench-replay"
+        folder = bench_replay_dir(args.out, args.bench, model_slug(args.model))
         cfg = ReplayConfig(bench=args.bench, model=args.model, arms=arm_list, nodes=(args.nodes,), limit=args.limit,
                            out=args.out, jobs=args.jobs, progress=not quiet, results_dir=str(folder))
         t0 = time.perf_counter()
@@ -95,8 +95,8 @@ def main(argv=None) -> int:
         gain = tau["oilbird"] / lexical[best]
         figures["oilbird_over_best_lexical"] = {"best": best, "ratio": gain}
         print(f"oilbird tau {tau['oilbird']:.2f} vs best of {','.join(lexical)} ({best} {lexical[best]:.2f}): {gain:.3f}x "
-              f"(target >= {TARGET_OILBIRD_GAIN}: {verdict(gain >= TARGET_OILBIRD_GAIN)}"
-              + ("" if gain >= TARGET_OILBIRD_GAIN else f", short by {100 * (TARGET_OILBIRD_GAIN - gain) / TARGET_OILBIRD_GAIN:.1f}%")
+              f"(target >= {TARGET_RATIO}: {verdict(gain >= TARGET_RATIO)}"
+              + ("" if gain >= TARGET_RATIO else f", short by {100 * (TARGET_RATIO - gain) / TARGET_RATIO:.1f}%")
               + ")")
     if args.json:
         with open(args.json, "w") as f:

@@ -43,14 +43,13 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from data.models import model_slug
-    from data.store import store_dir
+    from data.layout import bench_replay_dir, model_slug
     from decoder.harness import DecodeConfig, run_decode
     from decoder.replay import ReplayConfig, resolve_arms, run_replay
 
     arms = resolve_arms(args.arms.split(","))
     # the cut replay goes beside, never over, the whole-store replay the reports read (replay/)
-    replay_folder = store_dir(args.out, args.bench, model_slug(args.model)).parent / "bench-replay-live"
+    replay_folder = bench_replay_dir(args.out, args.bench, model_slug(args.model), live=True)
     if args.limit < 1:
         raise OilbirdError("--limit must be at least 1")
     t0 = time.perf_counter()

@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.errors import cli_entry
+from data.layout import RUNS, census_dir, decode_dir, store_dir
 
 SHARED_STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260k"
 
@@ -94,21 +95,22 @@ def main(argv=None) -> int:
 
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="bench_reports."))
     try:
-        folder = root / "runs" / "synthetic" / "stories260k"
+        runs = root / RUNS
+        census, traces = census_dir(runs, "synthetic", "stories260k"), store_dir(runs, "synthetic", "stories260k")
         model = str(SHARED_STORIES) if SHARED_STORIES.is_dir() else None
         df = synthetic_positions(args.positions, args.requests, 512 if model else 49152)
         summary = summarize(df, CensusConfig(), meta={"bench": "synthetic", "model": model or "synthetic",
                                                       "layer": 4, "n_requests": args.requests})
-        (folder / "census").mkdir(parents=True, exist_ok=True)
-        df.write_parquet(folder / "census" / "positions.parquet")
-        (folder / "census" / "summary.json").write_text(json.dumps(summary))
+        census.mkdir(parents=True, exist_ok=True)
+        df.write_parquet(census / "positions.parquet")
+        (census / "summary.json").write_text(json.dumps(summary))
         if model:
-            (folder / "traces").mkdir(parents=True, exist_ok=True)
-            (folder / "traces" / "meta.json").write_text(json.dumps({"model": model}))
-        write_decode(folder / "decode", args.requests)
+            traces.mkdir(parents=True, exist_ok=True)
+            (traces / "meta.json").write_text(json.dumps({"model": model}))
+        write_decode(decode_dir(runs, "synthetic", "stories260k"), args.requests)
 
         t0 = time.perf_counter()
-        results = find_results(root / "runs")
+        results = find_results(runs)
         t1 = time.perf_counter()
         pages = render_site(results)
         t2 = time.perf_counter()

@@ -42,8 +42,10 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError, cli_entry
-from data.models import model_slug
-from data.store import StoreWriter, TraceRecord, open_store, prompt_hash, store_dir
+from data.layout import census_dir, default_profile_path, model_slug, store_dir
+from data.schema import prompt_hash
+from data.store import open_store
+from data.writer import StoreWriter, TraceRecord
 
 DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
 
@@ -126,7 +128,7 @@ def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, rec
     if proc.returncode:
         raise OilbirdError(f"the census of the scaled store failed (exit {proc.returncode}; its error is above)")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
-    summary = json.loads((Path(out) / bench / model_slug(model) / "census" / "summary.json").read_text())
+    summary = json.loads((census_dir(out, bench, model_slug(model)) / "summary.json").read_text())
     return {"wall_s": round(wall, 1), "peak_rss_gib": round(peak, 2), "summary": summary}
 
 
@@ -194,7 +196,7 @@ def main(argv=None) -> int:
         parts = s["timing"]["parts_s"]
         c.update(positions=s["positions"], parts_s=parts, index=s.get("index"),
                  gap=s.get("gap"), recall=s.get("recall"))
-        base = Path(args.out) / args.bench / slug / "census" / "summary.json"
+        base = census_dir(args.out, args.bench, slug) / "summary.json"
         if base.exists():
             b = json.loads(base.read_text())
             bl = b["timing"]["parts_s"].get("lexical")
@@ -216,7 +218,7 @@ def main(argv=None) -> int:
     states = store.hidden[store.hidden_valid][: args.positions].astype(np.float32)
     del store
     r = retrieval(states, args.index, args.queries)
-    from decoder.profile import CostModel, default_profile_path
+    from decoder.profile import CostModel
 
     prof_path = default_profile_path(args.out, slug, "cpu")
     if Path(prof_path).exists():

@@ -113,16 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     if argv[:1] in (["sweep-index"], ["sweep-budget"]):
         return _sweep(argv[0][6:], _sweep_parser(argv[0][6:]).parse_args(argv[1:]))
     args = _census_parser().parse_args(argv)
-    from census.run import format_summary, run_census
+    from census.output import format_summary, run_census
 
     cfg = CensusConfig(pool=args.pool, horizon=args.horizon, min_suffix=args.min_suffix, max_suffix=args.max_suffix,
                        candidates=args.candidates, payload_cap=args.payload_cap, bootstrap=args.bootstrap,
                        seed=args.seed, device=args.device, index=args.index, index_train=args.index_train,
                        recall_sample=args.recall_sample, store_budget=args.store_budget).validate()
     if args.if_missing and not args.no_embeddings:
-        from census.run import census_dir
-        from data.models import model_slug
-        from data.store import current_summary, store_dir
+        from data.layout import census_dir, model_slug, store_dir
+        from data.store import current_summary
 
         slug = model_slug(args.model)
         target = census_dir(args.out, args.bench, slug, cfg.pool)
@@ -143,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep(kind: str, args) -> int:
     from census import sweep
+    from data.layout import model_slug, sweeps_dir
 
     cfg = CensusConfig(pool=args.pool, candidates=args.candidates, seed=args.seed, device=args.device,
                        index_train=args.index_train, recall_sample=args.recall_sample, bootstrap=0)
@@ -158,15 +158,14 @@ def _sweep(kind: str, args) -> int:
             raise OilbirdError("--budgets names no budget; e.g. --budgets 10k,50k,200k,all")
         result = sweep.sweep_budget(args.bench, args.model, budgets, cfg, args.out, progress=not args.quiet)
         print(sweep.format_budget_sweep(result))
-    print(sweep.sweeps_dir(args.out, args.bench, args.model) / f"{kind}.json")
+    print(sweeps_dir(args.out, args.bench, model_slug(args.model)) / f"{kind}.json")
     return 0
 
 
 def _grid(args) -> int:
     from census.grid import GridCapture, format_grid, grid_table
-    from data.models import model_slug
-    from data.store import atomic_write_bytes, atomic_write_json, clean_leftovers
-    from pathlib import Path
+    from data.files import atomic_write_bytes, atomic_write_json, clean_leftovers
+    from data.layout import grid_dir, grid_name, model_slug
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]
     if not benches:
@@ -175,8 +174,8 @@ def _grid(args) -> int:
     grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
                       capture=capture)
     text = format_grid(grid)
-    target = Path(args.out) / "grid" / model_slug(args.model)
-    name = "census_grid" if args.pool == "past" else f"census_grid_{args.pool}"
+    target = grid_dir(args.out, model_slug(args.model))
+    name = grid_name(args.pool)
     clean_leftovers(target)  # temporary files of a killed earlier run
     atomic_write_json(target / f"{name}.json", grid)
     atomic_write_bytes(target / f"{name}.txt", (text + "\n").encode())

@@ -23,7 +23,7 @@ class GridCapture:
     """How `--capture` makes a missing store: the make targets' settings (Makefile MAX_NEW, BATCH)."""
 
     max_new_tokens: int = 256  # SmolLM2 on CPU rambles to the cap; 256 keeps each capture near 20 min
-    batch_size: int = 32  # rows decoded together (tokens equal to batch 1; README)
+    batch_size: int = 32  # rows decoded together (tokens equal to batch 1; docs/capture.md)
     limits: bool = True  # the per-benchmark first-N limits of GRID_LIMITS; False: whole benchmarks
 
 
@@ -45,8 +45,7 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
     import sys
 
     from data.benchmarks import grid_limit, grid_limit_note, load_requests
-    from data.models import model_slug
-    from data.store import store_dir
+    from data.layout import model_slug, store_dir
 
     path = store_dir(out, bench, model_slug(model))
     limit = grid_limit(bench) if capture is not None and capture.limits else None
@@ -70,9 +69,9 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
 
 def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
     """The census summary of the store as it is now: read when current, else computed."""
-    from census.run import census_dir, run_census
-    from data.models import model_slug
-    from data.store import current_summary, store_dir
+    from census.output import run_census
+    from data.layout import census_dir, model_slug, store_dir
+    from data.store import current_summary
 
     folder = census_dir(out, bench, model_slug(model), cfg.pool)
     store = store_dir(out, bench, model_slug(model))
@@ -85,8 +84,8 @@ def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, prog
 def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Path = "runs",
                progress: bool = True, capture: GridCapture | None = None) -> dict:
     from data.benchmarks import get_benchmark
-    from data.models import model_slug
-    from data.store import read_meta, store_dir
+    from data.layout import model_slug, store_dir
+    from data.store import read_meta
 
     if capture is not None:
         for bench in benches:

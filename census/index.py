@@ -1,16 +1,9 @@
-"""The lexical index: an online suffix automaton over the pool's generated tokens.
+"""The lexical pool's answers: a pool view over data/automaton.py's suffix automata.
 
-One automaton holds the pool text: each pooled trace's generated tokens followed by a separator
-(SEP, never a token), so no match crosses a request boundary. It grows trace by trace as requests
-join the pool, and never rescans what it already holds (amortised O(1) per added token).
-
-Occurrence counts. `cnt[s]` is the number of end positions of the state's strings in the pool
-text. Keeping all counts exact online would mean walking the whole suffix-link chain of every new
-token; the census only asks counts of strings of at most `count_len` tokens, so only the states
-holding such strings are counted: the chain from `tail` (the state of the text's last `count_len`
-tokens) to the root, at most `count_len` states per token. A state whose shortest string is longer
-than `count_len` keeps a stale count that nothing reads (its shortest length only grows, and a clone
-of it is as long, so it never becomes readable again).
+The pool's traces are held in `SuffixAutomaton(count_len, positions=False)`: one sequence per
+pooled trace's generated tokens (no match crosses a request boundary), grown trace by trace as
+requests join the pool, never rescanning what it already holds (amortised O(1) per added token),
+with counts exact for strings of at most `count_len` tokens (all the census asks).
 
 Exclusion. A pool is "every pooled trace except some" (earlier traces with the same prompt_hash;
 in warm mode the request's own hash group; with a store budget, the traces that left the window).
@@ -25,103 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-SEP = -1  # trace separator; tokens are >= 0
-
-
-class SuffixAutomaton:
-    """Online suffix automaton with occurrence counts for strings of <= count_len tokens."""
-
-    def __init__(self, count_len: int):
-        self.count_len = int(count_len)
-        self.next: list[dict[int, int]] = [{}]
-        self.link: list[int] = [-1]
-        self.len: list[int] = [0]
-        self.cnt: list[int] = [0]
-        self.last = 0  # state of the whole text
-        self.tail = 0  # state of the text's last tail_len tokens
-        self.tail_len = 0  # min(count_len, text length)
-        self.n_traces = 0
-
-    def add_trace(self, tokens) -> None:
-        """Append one trace's tokens and a separator."""
-        nxt, link, length, cnt = self.next, self.link, self.len, self.cnt
-        K = self.count_len
-        last, tail, tail_len = self.last, self.tail, self.tail_len
-        for c in [int(x) for x in tokens] + [SEP]:
-            cur = len(length)
-            nxt.append({})
-            length.append(length[last] + 1)
-            link.append(0)
-            cnt.append(0)
-            p = last
-            while p != -1 and c not in nxt[p]:
-                nxt[p][c] = cur
-                p = link[p]
-            if p != -1:
-                q = nxt[p][c]
-                if length[p] + 1 == length[q]:
-                    link[cur] = q
-                else:
-                    clone = len(length)
-                    nxt.append(dict(nxt[q]))
-                    length.append(length[p] + 1)
-                    link.append(link[q])
-                    cnt.append(cnt[q])  # endpos(clone) = endpos(q) before this token
-                    while p != -1 and nxt[p].get(c) == q:
-                        nxt[p][c] = clone
-                        p = link[p]
-                    link[q] = clone
-                    link[cur] = clone
-                    if tail == q and tail_len <= length[clone]:
-                        tail = clone  # the old suffix moved into the clone
-            last = cur
-            tail = nxt[tail][c]
-            tail_len += 1
-            if tail_len > K:
-                tail_len = K
-                if length[link[tail]] >= K:
-                    tail = link[tail]
-            s = tail
-            while s > 0:  # every counted state holding a suffix of the new text gains an end position
-                cnt[s] += 1
-                s = link[s]
-        self.last, self.tail, self.tail_len = last, tail, tail_len
-        self.n_traces += 1
-
-    def walk(self, seq) -> int:
-        """State of `seq` (read from the root), or -1 if it occurs nowhere."""
-        s = 0
-        nxt = self.next
-        for a in seq:
-            s = nxt[s].get(int(a), -1)
-            if s < 0:
-                return -1
-        return s
-
-    def count(self, seq) -> int:
-        """Occurrences of seq (len(seq) <= count_len) in the indexed traces."""
-        if len(seq) > self.count_len:
-            raise ValueError(f"counts are kept for strings of at most {self.count_len} tokens")
-        s = self.walk(seq)
-        return self.cnt[s] if s > 0 else 0
-
-
-def extend_match(nxt, link, length, s: int, l: int, c: int, cap: int) -> tuple[int, int]:
-    """One matching-statistics step: from state s matching a suffix of length l, the state and length
-    of the longest suffix of (matched text + c) in the automaton, with the length capped at `cap`."""
-    while s and c not in nxt[s]:
-        s = link[s]
-        l = length[s]
-    nxt_state = nxt[s].get(c)
-    if nxt_state is None:
-        return 0, 0
-    s, l = nxt_state, l + 1
-    if l > cap:
-        l = cap
-        if length[link[s]] >= cap:
-            s = link[s]
-    return s, l
-
+from data.automaton import SuffixAutomaton
 
 @dataclass
 class LexicalRow:
@@ -159,13 +56,13 @@ class PoolView:
         elif isinstance(subtracted, SuffixAutomaton):
             subtracted = [subtracted]
         self.main = main
-        self.subtracted = [e for e in subtracted if e.n_traces]  # an empty one subtracts nothing
+        self.subtracted = [e for e in subtracted if e.n_sequences]  # an empty one subtracts nothing
 
     def count(self, seq) -> int:
-        n = self.main.count(seq)
+        n = self.main.occurrences(seq)
         if n:
             for e in self.subtracted:
-                n -= e.count(seq)
+                n -= e.occurrences(seq)
         return n
 
     def prefix_len(self, seq, cap: int) -> int:
@@ -178,13 +75,13 @@ class PoolView:
             s = m.next[s].get(a, -1)
             if s < 0:
                 break
-            n = m.cnt[s]
+            n = m.count[s]
             for i, e in enumerate(subs):
                 g = gs[i]
                 if g >= 0:
                     g = gs[i] = e.next[g].get(a, -1)
                     if g > 0:
-                        n -= e.cnt[g]
+                        n -= e.count[g]
             if n <= 0:
                 break
             L += 1
@@ -200,14 +97,17 @@ class PoolView:
         memoised per tuple of states (main, then each subtracted automaton; 0 where the suffix
         does not occur there): every string of one tuple has the same followers with the same
         counts, so a back-off step that stays in the tuple adds nothing.
+
+        One function, not several: the four answers share the walk's state (every automaton's
+        matched suffix), and this is the census's innermost loop, kept on local names.
         """
         m, subs = self.main, self.subtracted
-        nxt, link, length, cnt = m.next, m.link, m.len, m.cnt
+        nxt, link, length, cnt = m.next, m.link, m.length, m.count
         S = len(subs)
         snxt = [e.next for e in subs]
         slink = [e.link for e in subs]
-        slen = [e.len for e in subs]
-        scnt = [e.cnt for e in subs]
+        slen = [e.length for e in subs]
+        scnt = [e.count for e in subs]
         M = max_suffix
         out = [int(x) for x in output]
         ctx = [int(x) for x in prompt] + out
@@ -245,13 +145,13 @@ class PoolView:
                 x = out[t]
                 # available: the h-token future (shorter at the end) occurs in the pool
                 fut = out[t:t + horizon]
-                sm = m.walk(fut)
+                sm = m.state_of(fut)
                 if sm > 0:
                     c = cnt[sm]
                     for e in subs:
-                        sg = e.walk(fut)
+                        sg = e.state_of(fut)
                         if sg > 0:
-                            c -= e.cnt[sg]
+                            c -= e.count[sg]
                     available[t] = c > 0
                 # longest context suffix occurring in the pool (<= max_suffix)
                 if not S:
@@ -303,7 +203,7 @@ class PoolView:
                 break
             # extend the matched suffix by the next context token (matching statistics)
             c = ctx[j]
-            s, l = extend_match(nxt, link, length, s, l, c, M)
-            for i in range(S):
-                g[i], lg[i] = extend_match(snxt[i], slink[i], slen[i], g[i], lg[i], c, M)
+            s, l = m.step(s, l, c, M)
+            for i, e in enumerate(subs):
+                g[i], lg[i] = e.step(g[i], lg[i], c, M)
         return LexicalRow(available, producible, oracle_len, longest)

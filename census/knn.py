@@ -9,7 +9,7 @@ score. Those few shortlisted pairs are rescored in float64 and ranked by (-cosin
 
 faiss is not used here: its exact index (IndexFlatIP) is this same matrix product with a heap, and
 its approximate indices would break exactness; torch.topk on the product is as fast on CPU and runs
-on CUDA unchanged. `--index` (run.py's IndexedKey, data/stateindex.py) is where faiss comes in, to
+on CUDA unchanged. `--index` (keys.py's IndexedKey, data/stateindex.py) is where faiss comes in, to
 measure what a compressed index costs against this exact key.
 """
 
@@ -21,12 +21,6 @@ import numpy as np
 import torch
 
 CHUNK_ELEMENTS = 1 << 25  # float32 scores held at once (128 MiB)
-
-
-def pick_device(device: str | None = None) -> torch.device:
-    if device:
-        return torch.device(device)
-    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
 
 
 def float32_margin(d: int) -> float:

@@ -1,6 +1,8 @@
 """summary.json: the census in numbers, each proportion with a Wilson and a bootstrap interval.
 
-Top level: positions, requests, model, layer, pool, and four proportions
+Top level: bench, model, model_fingerprint, d_model, layer, pool, positions, requests,
+requests_with_positions, config (the CensusConfig used), store (its path) and store_fingerprint (the
+store it was computed on), emb_key, notes, timing, and four proportions
   available   over all positions
   producible  over all positions
   gap         over all positions (available and not producible)
@@ -33,7 +35,7 @@ Proportions carry {value, wilson, bootstrap, k, n}; medians, means and ratios {v
 run_census adds blocks that are not functions of positions.parquet:
   index        the semantic key (--index): StateIndex.describe() (spec, factory, trained,
                train_size, bytes_per_state, fixed_bytes, queries, warmup_queries; exact: float16
-               states), bytes_per_token (what a pooled token costs: state or code + int32 id), and
+               states), bytes_per_token (what a pooled token costs: data/budget.py bytes_per_token), and
                against the exact key on the same pools: knn_recall (recall@candidates of the key's
                neighbour ids, over knn_sample seeded positions), gap_recall_exact /
                gap_recall_index (each key's sem hit rate at gap_sample seeded gap positions) and
@@ -60,7 +62,7 @@ import numpy as np
 import polars as pl
 
 from census.definitions import CensusConfig
-from census.stats import RequestBootstrap, mean_of, median_of, proportion
+from data.stats import RequestBootstrap, mean_of, median_of, proportion
 
 KEYS = ("exact_suffix", "adjacency", "static_embedding", "semantic")
 

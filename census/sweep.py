@@ -23,19 +23,19 @@ import numpy as np
 from tqdm import tqdm
 
 from census.definitions import CensusConfig, build_entries, entry_valid
-from census.knn import pick_device, set_exact_matmul
-from census.run import (IndexedKey, LexicalPool, Part, SemanticKey, bytes_per_token, census_run, combined_describe,
-                        knn_recall, prepare, read_input)
-from data.budget import check_budget, parse_budget
+from census.keys import IndexedKey, SemanticKey, combined_describe
+from census.knn import set_exact_matmul
+from census.output import read_input
+from census.pool import LexicalPool, Part, prepare
+from census.positions import census_run
+from census.recall import knn_recall
+from data.budget import bytes_per_token, check_budget, parse_budget
 from data.errors import OilbirdError
-from data.models import model_slug
+from data.files import atomic_write_json, clean_leftovers
+from data.layout import model_slug, sweeps_dir
+from data.models import pick_device
 from data.stateindex import check_trainable, parse_index_spec
 from data.stateindex import split_specs as stateindex_split  # one definition of a spec list
-from data.store import atomic_write_json, clean_leftovers, store_dir
-
-def sweeps_dir(out: str | Path, bench: str, model: str) -> Path:
-    return store_dir(out, bench, model_slug(model)).parent / "sweeps"
-
 
 def split_specs(texts: list[str] | str) -> list[str]:
     """The specs of one or more --index values (data/stateindex.py's split_specs: ';' separates,
@@ -83,6 +83,50 @@ def semantic_pass(part: Part, ent, key, k: int, sample: np.ndarray, progress: bo
     return hit, ids
 
 
+def parse_sweep_specs(specs: list[str], data, bounded: bool) -> list:
+    """The parsed specs, each checked against the store (trainable; evictable under a budget)."""
+    parsed = [parse_index_spec(s, data.d_model) for s in specs]
+    n_valid = int(entry_valid(data).sum())
+    for sp in parsed:
+        if not sp.exact:
+            check_trainable(sp, n_valid)
+            if bounded and not sp.evictable:
+                raise OilbirdError(f"index {sp.text} cannot evict (faiss HNSW has no removal): no --store-budget")
+    return parsed
+
+
+def spec_row(sp, parts: list[Part], keys: list, hit: np.ndarray, ids: np.ndarray, secs: float, gap: np.ndarray,
+             exact_hit: np.ndarray, exact_ids: np.ndarray) -> dict:
+    """One spec's row of sweeps/index.json, against the exact key's hits and ids."""
+    N = len(hit)
+    exact_gap = float((exact_hit[gap] == 1).mean()) if gap.any() else None
+    desc = combined_describe(keys)
+    g = float((hit[gap] == 1).mean()) if gap.any() else None
+    # the same ratio over the gap positions the trained index answered (the warm-up's exact answers left out)
+    after = np.ones(N, bool)
+    if not sp.exact:
+        after[:] = False
+        for part, key in zip([p for p in parts if p.data.n_positions], keys):
+            if key.trained_at is not None:
+                after[part.rows[key.trained_at:]] = True
+    ga = gap & after
+    g_after = float((hit[ga] == 1).mean()) if ga.any() else None
+    e_after = float((exact_hit[ga] == 1).mean()) if ga.any() else None
+    return {
+        "spec": sp.text,
+        "bytes_per_state": desc["bytes_per_state"],
+        "gap_recall": g,
+        "gap_recall_ratio": g / exact_gap if g is not None and exact_gap else None,
+        "sem_hit_rate": float((hit == 1).mean()),
+        "knn_recall": 1.0 if sp.exact else knn_recall(ids, exact_ids)[0],
+        "warmup_share": desc["warmup_queries"] / desc["queries"] if desc["queries"] else 0.0,
+        "trained_gap_positions": int(ga.sum()),
+        "gap_recall_trained": g_after,
+        "gap_recall_ratio_trained": g_after / e_after if g_after is not None and e_after else None,
+        "seconds": round(secs, 3),
+    }
+
+
 def sweep_index(bench: str, model: str, specs: list[str], cfg: CensusConfig, out: str | Path = "runs",
                 progress: bool = True) -> dict:
     """The index sweep (module docstring); writes sweeps/index.json and returns its content."""
@@ -92,13 +136,7 @@ def sweep_index(bench: str, model: str, specs: list[str], cfg: CensusConfig, out
         raise OilbirdError(f"sweep-index takes --store-budget in tokens (a budget of {budget.text} would hold "
                            "a different number of tokens under every index)")
     _, meta, data = read_input(bench, model, out)
-    parsed = [parse_index_spec(s, data.d_model) for s in specs]  # every bad spec fails before any work
-    n_valid = int(entry_valid(data).sum())
-    for sp in parsed:
-        if not sp.exact:
-            check_trainable(sp, n_valid)
-            if budget is not None and not sp.evictable:
-                raise OilbirdError(f"index {sp.text} cannot evict (faiss HNSW has no removal): no --store-budget")
+    parsed = parse_sweep_specs(specs, data, budget is not None)  # every bad spec fails before any work
     setup = prepare(data, cfg)
     dev = pick_device(cfg.device)
     set_exact_matmul()
@@ -131,42 +169,17 @@ def sweep_index(bench: str, model: str, specs: list[str], cfg: CensusConfig, out
         return hit, ids, keys, time.perf_counter() - t
 
     exact_hit, exact_ids, exact_keys, exact_s = run(lambda ent: SemanticKey(ent, dev), "exact")
-    exact_gap = float((exact_hit[gap] == 1).mean()) if gap.any() else None
     rows = []
     for sp in tqdm(parsed, desc="specs", unit="spec", disable=not progress or len(parsed) < 2, leave=False):
         if sp.exact:
             hit, ids, keys, secs = exact_hit, exact_ids, exact_keys, exact_s
         else:
             hit, ids, keys, secs = run(lambda ent: IndexedKey(ent, sp, cfg.index_train, cfg.pool == "warm"), sp.text)
-        desc = combined_describe(keys)
-        g = float((hit[gap] == 1).mean()) if gap.any() else None
-        # the same ratio over the gap positions the trained index answered (the warm-up's exact answers left out)
-        after = np.ones(N, bool)
-        if not sp.exact:
-            after[:] = False
-            for part, key in zip([p for p in setup.parts if p.data.n_positions], keys):
-                if key.trained_at is not None:
-                    after[part.rows[key.trained_at:]] = True
-        ga = gap & after
-        g_after = float((hit[ga] == 1).mean()) if ga.any() else None
-        e_after = float((exact_hit[ga] == 1).mean()) if ga.any() else None
-        rows.append({
-            "spec": sp.text,
-            "bytes_per_state": desc["bytes_per_state"],
-            "gap_recall": g,
-            "gap_recall_ratio": g / exact_gap if g is not None and exact_gap else None,
-            "sem_hit_rate": float((hit == 1).mean()),
-            "knn_recall": 1.0 if sp.exact else knn_recall(ids, exact_ids)[0],
-            "warmup_share": desc["warmup_queries"] / desc["queries"] if desc["queries"] else 0.0,
-            "trained_gap_positions": int(ga.sum()),
-            "gap_recall_trained": g_after,
-            "gap_recall_ratio_trained": g_after / e_after if g_after is not None and e_after else None,
-            "seconds": round(secs, 3),
-        })
+        rows.append(spec_row(sp, setup.parts, keys, hit, ids, secs, gap, exact_hit, exact_ids))
     result = {"bench": bench, "model": meta.get("model", model), "positions": N, "gap_positions": int(gap.sum()),
               "pool": cfg.pool, "store_budget": cfg.store_budget, "candidates": C,
               "recall_sample": int(len(sample)), "lexical_s": round(lexical_s, 3), "rows": rows}
-    target = sweeps_dir(out, bench, model)
+    target = sweeps_dir(out, bench, model_slug(model))
     clean_leftovers(target)  # temporary files of a killed earlier sweep
     atomic_write_json(target / "index.json", result)
     return result
@@ -201,7 +214,7 @@ def sweep_budget(bench: str, model: str, budgets: list[str], cfg: CensusConfig, 
         })
     result = {"bench": bench, "model": meta.get("model", model), "positions": data.n_positions,
               "index": spec.text, "rows": rows}
-    target = sweeps_dir(out, bench, model)
+    target = sweeps_dir(out, bench, model_slug(model))
     clean_leftovers(target)
     atomic_write_json(target / "budget.json", result)
     return result

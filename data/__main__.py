@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from data.errors import OilbirdError, cli_entry
+from data.layout import RUNS
 
 
 def _cmd_list(args) -> int:
@@ -110,7 +111,7 @@ def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:
 
 
 def _cmd_verify(args) -> int:
-    from data.store import verify_store
+    from data.verify import verify_store
 
     print(verify_store(args.path))
     return 0
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: per benchmark)")
     c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1; the make targets use 32)")
     c.add_argument("--mode", choices=["generate", "reference"], default="generate")
-    c.add_argument("--out", default="runs", help="output root (default runs/)")
+    c.add_argument("--out", default=RUNS, help=f"output root (default {RUNS}/)")
     c.add_argument("--force", action="store_true", help="overwrite a store made with other settings")
     c.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     c.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")

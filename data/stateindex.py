@@ -62,6 +62,15 @@ def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
     raw = (text or "").strip().lower()
     if raw in ("", "exact"):
         return IndexSpec("exact", None)
+    knobs, coders = _spec_parts(text, raw)
+    pre, ivf, hnsw, storage = _spec_roles(text, coders, knobs)
+    fac, train_min, train_size = _spec_factory(text, d, pre, ivf, hnsw, storage, knobs)
+    canon = ",".join(pre + ivf + hnsw + storage + [f"{k}={v}" for k, v in sorted(knobs.items())])
+    return IndexSpec(canon, fac, knobs, train_min, train_size, evictable=not hnsw)
+
+
+def _spec_parts(text: str, raw: str) -> tuple[dict, list[str]]:
+    """The spec's knobs (name -> value) and its coder parts, in the order written."""
     parts = [p.strip() for p in raw.split(",") if p.strip()]
     knobs, coders = {}, []
     for p in parts:
@@ -77,6 +86,11 @@ def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
                                "opq64,pq64, ivf1024,pq64, hnsw32 (knobs nprobe=N, efsearch=N)")
     if not coders:
         raise OilbirdError(f"index spec '{text}' names no index")
+    return knobs, coders
+
+
+def _spec_roles(text: str, coders: list[str], knobs: dict) -> tuple[list[str], list[str], list[str], list[str]]:
+    """(transform, ivf, hnsw, coder): each at most one, written in that order, knobs matching them."""
     ivf = [c for c in coders if c.startswith("ivf")]
     hnsw = [c for c in coders if c.startswith("hnsw")]
     pre = [c for c in coders if c.startswith(("pca", "opq"))]
@@ -91,6 +105,13 @@ def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
         raise OilbirdError(f"index spec '{text}': nprobe needs an ivf index")
     if "efsearch" in knobs and not hnsw:
         raise OilbirdError(f"index spec '{text}': efsearch needs an hnsw index")
+    return pre, ivf, hnsw, storage
+
+
+def _spec_factory(text: str, d: int | None, pre: list[str], ivf: list[str], hnsw: list[str],
+                  storage: list[str], knobs: dict) -> tuple[str, int, int]:
+    """(faiss index_factory string, fewest training states, states collected before training); the
+    ivf and hnsw knobs' defaults are filled into `knobs`."""
     factory, train_min, train_size = [], 0, 0
     if pre:
         c = pre[0]
@@ -137,8 +158,7 @@ def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
     fac = ",".join(factory)
     if hnsw:  # faiss writes an hnsw's storage as HNSW32_SQ8
         fac = fac.replace(f"HNSW{int(hnsw[0][4:])},", f"HNSW{int(hnsw[0][4:])}_")
-    canon = ",".join(order + [f"{k}={v}" for k, v in sorted(knobs.items())])
-    return IndexSpec(canon, fac, knobs, train_min, train_size, evictable=not hnsw)
+    return fac, train_min, train_size
 
 
 def check_trainable(spec: IndexSpec, available: int) -> None:
@@ -149,6 +169,9 @@ def check_trainable(spec: IndexSpec, available: int) -> None:
 
 
 def unit(x: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit L2 norm in float32, zero rows kept zero: the one normalisation of states
+    for the index and the decoder's pools (census/knn.py's `unit_rows` is the exact key's float64
+    variant, which its rounding bound needs)."""
     x = np.asarray(x, np.float32)
     n = np.linalg.norm(x, axis=-1, keepdims=True)
     return np.divide(x, n, out=np.zeros_like(x), where=n > 0)

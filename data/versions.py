@@ -20,7 +20,7 @@ from importlib import metadata
 # distribution name -> lowest version tested (inclusive)
 FLOORS: dict[str, str] = {
     "torch": "2.11",
-    "transformers": "5.0",
+    "transformers": "5.14",
     "accelerate": "1.0",
     "gguf": "0.10",
     "numpy": "1.26",

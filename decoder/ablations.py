@@ -21,7 +21,8 @@ Headline (`HEADLINE`): the lexical baselines suffix, sam, lexical, recycling and
 oilbird on the same requests: tau, arm / oilbird (`vs_merged`) and oilbird / arm (`oilbird_over_arm`,
 its interval from the replay's own bootstrap draws over both arms' per-request passes), each with its
 interval; `best_lexical` is the one with the highest tau and `target_met` says whether oilbird /
-best_lexical >= 1.25 with the interval's lower end above 1 (no interval, --bootstrap 0: not met).
+best_lexical >= 1.25 with the interval's lower end above 1 (decoder/policy.py; no interval, --bootstrap 0:
+not met).
 All arms run in one replay (an arm in two lists, e.g. pld, is replayed once).
 
 Not measured: in replay the ring buffer records nothing, so rollouts=0 equals oilbird there
@@ -39,8 +40,9 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import OilbirdError, cli_entry
-from data.models import model_slug
-from data.store import atomic_write_json, store_dir
+from data.files import atomic_write_json
+from data.layout import ABLATIONS_FILE, ablations_dir, model_slug, model_dir
+from decoder.policy import LEXICAL_ARMS, TARGET_LOWER, TARGET_RATIO, target_status
 
 MERGED = "oilbird"
 ABLATIONS = (
@@ -70,8 +72,6 @@ HEADLINE = (
     ("Token Recycling", "recycling"),
     ("prompt lookup (PLD)", "pld"),
 )
-LEXICAL_ARMS = ("suffix", "sam", "lexical", "pld", "recycling")  # best_lexical is chosen among these
-TARGET_RATIO = 1.25  # target_met: oilbird / best_lexical >= this, with the interval's lower end above 1
 
 
 def request_passes(folder: Path, arm: str, n_requests: int) -> np.ndarray:
@@ -99,7 +99,7 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
 
     arms = list(dict.fromkeys([MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs),
                                *(a for _, a in HEADLINE)]))  # one replay; an arm named twice runs once
-    folder = store_dir(out, bench, model_slug(model)).parent / "ablations"
+    folder = ablations_dir(out, bench, model_slug(model))
     cfg = ReplayConfig(bench=bench, model=model, arms=tuple(arms), nodes=(nodes,), pool="past", out=out,
                        bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder),
                        pair_against=MERGED)
@@ -126,15 +126,15 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
     best = max(lexical, key=lambda h: h["tau"]) if lexical else None
     best_lexical = None if best is None else {k: best[k] for k in ("arm", "tau", "tau_interval", "oilbird_over_arm",
                                                                   "oilbird_over_arm_interval")}
-    # no interval (bootstrap 0) cannot show the lower end above 1: not met
-    met = bool(best and best["oilbird_over_arm"] is not None and best["oilbird_over_arm"] >= TARGET_RATIO
-               and best["oilbird_over_arm_interval"] and best["oilbird_over_arm_interval"][0] > 1.0)
+    # no interval (bootstrap 0) cannot show the lower end above 1: "not established", so not met
+    met = best is not None and target_status(best["oilbird_over_arm"], best["oilbird_over_arm_interval"]) == "met"
     result = {"bench": bench, "model": model, "pool": "past", "nodes": nodes, "requests": n_requests,
               "seconds": round(seconds, 1), "merged": row("merged (oilbird)", MERGED),
               "ablations": [row(label, arm) for label, arm in ABLATIONS],
               "ladder": [{"drafter": d, "rungs": [row(r, r) for r in rungs]} for d, rungs in LADDER],
               "headline": headline, "best_lexical": best_lexical,
-              "target": f"oilbird / best_lexical >= {TARGET_RATIO} with the 95% interval's lower end above 1",
+              "target": f"oilbird / best_lexical >= {TARGET_RATIO} with the 95% interval's lower end above "
+                        f"{TARGET_LOWER:g}",
               "target_met": met,
               "missing": ["ring buffer off: replay records no rejected branches, so it equals oilbird here"]}
     atomic_write_json(folder / "ablations.json", result)
@@ -189,7 +189,7 @@ def main(argv: list[str] | None = None) -> int:
         raise OilbirdError(f"--nodes must be >= 1 (got {args.nodes})")
     r = run(args.bench, args.model, args.out, args.nodes, args.bootstrap, args.jobs, not args.quiet)
     print(format_table(r))
-    print(Path(store_dir(args.out, args.bench, model_slug(args.model)).parent / "ablations" / "ablations.json"))
+    print(model_dir(args.out, args.bench, model_slug(args.model)) / ABLATIONS_FILE)
     return 0
 
 

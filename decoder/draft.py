@@ -5,12 +5,15 @@ A draft is a forest hanging under the anchor (the last committed token): node i 
 and `sources[i]`, the set of drafters that proposed it. Merging a chain re-walks the tree from
 the root (or from `attach`) and pays only for the tokens not already on that path, so two
 sources proposing the same continuation share nodes and both get credit.
+
+`VerifyResult` is what a verification tells the drafter; `Drafter` is the contract every drafter
+implements (begin_request, propose, observe, add_trace, evict_traces, counters, untimed_s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol, Sequence
+from typing import Hashable, Sequence
 
 import numpy as np
 
@@ -107,21 +110,44 @@ class VerifyResult:
     hidden: np.ndarray | None  # [1 + N, d] capture-layer states at the anchor and each node (float32)
 
 
-class Drafter(Protocol):
-    """The proposer interface: thin classes around pure drafting functions."""
+class Drafter:
+    """The drafter contract: every drafter (decoder/drafters/*, the test drafters) derives from it, and the
+    loop (decoder/loop.py), the request runner and the pools (decoder/pools.py) call nothing else.
 
-    name: str
+    One request: `begin_request`, then per pass `propose` and `observe`; when it has finished, the runner
+    calls `add_trace` (the trace enters the pool) and, under a --store-budget, `evict_traces` before a
+    later request. The defaults are those of a drafter without a cross-request pool: it adds and evicts
+    nothing, learns nothing, counts nothing and does no measurement-only work."""
 
-    def begin_request(self, prompt: Sequence[int]) -> None: ...
+    name: str = "drafter"
+
+    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
+        """A request starts from `prompt`: pooled traces under the same prompt hash (None: the drafter's own
+        hash of the prompt) are never drafted from during it."""
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         """A draft of at most `budget` nodes continuing `context` (prompt + committed tokens)."""
-        ...
+        raise NotImplementedError(f"{type(self).__name__} does not propose")
 
     def observe(self, context: Sequence[int], result: VerifyResult) -> None:
-        """Learn from a verification forward (context before the commit)."""
-        ...
+        """Learn from a verification (context before the commit)."""
 
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        """The request finished: its generated tokens (and states) enter the pool."""
-        ...
+    def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None,
+                  hidden: np.ndarray | None = None) -> None:
+        """A finished request's generated tokens (and their states, the store's convention: row i = the
+        state with output[i] as input, the last row zeros) enter the pool under its prompt hash (None: a
+        group of its own, never excluded)."""
+
+    def evict_traces(self, count: int) -> None:
+        """Forget the oldest `count` pooled traces (one per add_trace, empty ones included): the
+        --store-budget window. State that is not a trace pool stays."""
+
+    def counters(self) -> dict | None:
+        """The drafter's counters for summary.json's drafter_stats (None: it keeps none)."""
+        return None
+
+    @property
+    def untimed_s(self) -> float:
+        """Seconds of measurement-only work done inside propose so far (e.g. knn_recall shadow queries):
+        the loop leaves them out of the drafting time."""
+        return 0.0

@@ -38,12 +38,12 @@ round-1 tokens, and a difference is printed as a warning and recorded (`rounds_i
 
 The folder is written beside its final place and renamed in, so it is never half old, half new.
 
-The pool: a request's prompt, generated tokens and states (data/store.py convention: row i = the
-state with token i as input, the last row zeros) enter the arm's drafter through `end_request`
-once the request has finished. `--warm-from STORE` feeds a captured trace store's requests the
-same way before serving. A request must not draft from its own trace: drafters receive the prompt
-in `begin_request` and in `end_request`, and skip pool traces whose prompt hash
-(`data.capture.prompt_hash`) equals the current request's; this matters with `--warm-from` a
+The pool: a request's generated tokens and states (data/schema.py convention: row i = the state
+with token i as input, the last row zeros) enter the arm's drafter through `add_trace`, under the
+prompt's hash, once the request has finished (decoder/loop.py `serve_requests`). `--warm-from STORE`
+feeds a captured trace store's requests the same way before serving. A request must not draft from
+its own trace: drafters receive the prompt in `begin_request` and skip pool traces whose prompt hash
+(`data.schema.prompt_hash`) equals the current request's; this matters with `--warm-from` a
 store of the same benchmark and with repeated prompts.
 
 Pools (decoder/pools.py): `--index SPEC` keeps the semantic key's states in a faiss index (exact,
@@ -73,14 +73,18 @@ import torch
 
 from data.benchmarks import get_benchmark, load_requests
 from data.budget import check_budget
-from data.capture import library_versions, prompt_hash
+from data.capture import library_versions
 from data.errors import OilbirdError
+from data.files import atomic_write_json, atomic_write_table
+from data.layout import decode_dir
 from data.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
-from data.store import atomic_write_json, atomic_write_table, open_store, store_dir
+from data.schema import prompt_hash
+from data.store import open_store
 from data.stats import RequestBootstrap
 from decoder.audit import lossless_audit
 from decoder.draft import Drafter
-from decoder.engine import Cycle, Generation, check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
+from decoder.engine import check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
+from decoder.loop import Cycle, Generation, serve_requests
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
 from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
 from decoder.pools import TenantPools, check_index, index_summary, resolve_budget, warmup_note
@@ -128,12 +132,7 @@ def library_factory(name: str) -> ArmFactory:
 
 
 def library_drafters() -> dict[str, ArmFactory]:
-    """The drafters registered in decoder/drafters/__init__.py (none while that package is absent)."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("decoder.drafters")
-    if spec is None or spec.origin is None:  # no package, or a folder without __init__.py yet
-        return {}
+    """The drafters registered in decoder/drafters/__init__.py, but its `ar` (see below)."""
     from decoder.drafters import arm_names
 
     # the library's own "ar" (an empty-draft drafter) would shadow the plain greedy reference
@@ -168,11 +167,6 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
     return [REFERENCE_ARM] + [a for a in names if a != REFERENCE_ARM], added
 
 
-def decode_dir(out: str | Path, bench: str, model_slug: str) -> Path:
-    """runs/<bench>/<model>/decode (beside the trace store of the same benchmark and model)."""
-    return store_dir(out, bench, model_slug).parent / "decode"
-
-
 def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray, str]]:
     """(prompt, output tokens, states float32, tenant) of every request of a captured store, in order."""
     store = open_store(path, model_fingerprint=lm.fingerprint, d_model=lm.d_model)
@@ -200,17 +194,18 @@ def warm_up(lm: LoadedModel, prompt: list[int]) -> None:
 class ArmRun:
     name: str
     generations: list[Generation]
-    pool_s: list[float]  # end_request time per request
+    pool_s: list[float]  # pool time per request: the window's evictions and add_trace
     warm_s: float = 0.0
-    drafter_stats: dict | None = None  # the drafter's own counters (`stats()`), e.g. the semantic key's
+    drafter_stats: dict | None = None  # the drafters' own counters (`Drafter.counters`), e.g. the semantic key's
     pools: dict | None = None  # TenantPools.summary (drafter arms): tenants, budget, the largest pool
 
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
               factory: ArmFactory | None, warm_pool, progress_desc: str, tenants: list[str] | None = None,
               budget_tokens: int | None = None, static: StaticGreedy | None = None) -> ArmRun:
-    """Serve every prompt in order with the arm: one drafter per tenant (decoder/pools.py), `ar` with none,
-    `ar-static` through `static` (transformers' generate, decoder/reference.py)."""
+    """Serve every prompt in order with the arm through the one request runner (decoder/loop.py
+    `serve_requests`): one drafter per tenant (decoder/pools.py), `ar` with none, `ar-static` through
+    `static` (transformers' generate, decoder/reference.py)."""
     from tqdm import tqdm
 
     tenants = tenants or [""] * len(prompts)
@@ -218,45 +213,34 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
     warm_s = 0.0
     if pools is not None and warm_pool:
         t0 = time.perf_counter()
-        for prompt, output, hidden, tenant in warm_pool:  # a warm trace feeds its own tenant's drafter only
-            pools.warm(tenant, len(output)).end_request(prompt, output, hidden)
+        pools.add_warm(warm_pool)  # a warm trace feeds its own tenant's drafter only
         warm_s = time.perf_counter() - t0
-    gens: list[Generation] = []
-    pool_s: list[float] = []
-    tokens = passes = 0
-    seconds = 0.0
     bar = tqdm(total=len(prompts), unit="req", desc=progress_desc, disable=not cfg.progress, dynamic_ncols=True)
     tap = LayerTap(lm.model, lm.layer) if pools is not None else None
+    totals = {"tokens": 0, "passes": 0, "seconds": 0.0}
+
+    def decode(r: int, drafter: Drafter | None) -> Generation:
+        if static is not None:
+            return static.decode(prompts[r])
+        if drafter is None:
+            return decode_greedy(lm, prompts[r], stop)
+        return decode_speculative(lm, tap, prompts[r], drafter, stop, cfg.nodes)
+
+    def show(g: Generation, pool_s: float) -> None:
+        totals["tokens"] += len(g.tokens)
+        totals["passes"] += len(g.cycles)
+        totals["seconds"] += g.seconds + pool_s
+        bar.set_postfix(tau=f"{totals['tokens'] / max(1, totals['passes']):.2f}",
+                        tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}", refresh=False)
+        bar.update(1)
+
     try:
-        for r, prompt in enumerate(prompts):
-            if static is not None:
-                g = static.decode(prompt)
-                pool_s.append(0.0)
-            elif pools is None:
-                g = decode_greedy(lm, prompt, stop)
-                pool_s.append(0.0)
-            else:
-                t0 = time.perf_counter()
-                drafter = pools.begin(r, tenants[r])  # moves the budget window: evictions count as pool time
-                evict_s = time.perf_counter() - t0
-                g = decode_speculative(lm, tap, prompt, drafter, stop, cfg.nodes)
-                t0 = time.perf_counter()
-                drafter.end_request(list(prompt), list(g.tokens), g.hidden)
-                pools.end(r, tenants[r], len(g.tokens))
-                pool_s.append(time.perf_counter() - t0 + evict_s)
-                g.hidden = g.topk = None  # in the drafter's pool now; not kept twice
-            gens.append(g)
-            tokens += len(g.tokens)
-            passes += len(g.cycles)
-            seconds += g.seconds + pool_s[-1]
-            bar.set_postfix(tau=f"{tokens / max(1, passes):.2f}", tok_s=f"{tokens / max(seconds, 1e-9):.1f}",
-                            refresh=False)
-            bar.update(1)
+        gens, pool_s = serve_requests(prompts, tenants, pools, decode, on_request=show)
     finally:
         bar.close()
         if tap is not None:
             tap.close()
-    stats = pools.stats() if pools is not None else None
+    stats = pools.counters() if pools is not None else None
     return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None)
 
 

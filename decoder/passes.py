@@ -1,6 +1,6 @@
 """What a run's verification passes add up to, for the live decoder and replay alike (one definition).
 
-Input: per request, its passes (`engine.Cycle`: nodes drafted, draft nodes accepted and committed,
+Input: per request, its passes (`loop.Cycle`: nodes drafted, draft nodes accepted and committed,
 tokens committed, the sources of every accepted node, drafting and update time). Output:
 
   tau                         committed tokens / passes, with a request-bootstrap interval

@@ -6,38 +6,37 @@ Three settings, shared by the decoder (`python -m decoder`) and replay (`python 
                       float16 matrix of decoder/drafters/semantic.py, unchanged; any other spec
                       keeps the states in a faiss `StateIndex`. It reaches every arm with a
                       semantic pool through `make_drafter(shared={"index": ...})`.
-  --store-budget B    the pool holds at most B generated tokens (or B megabytes at the stated
-                      bytes per token, `budget_bytes_per_token`), whole traces in serving order:
+  --store-budget B    the pool holds at most B generated tokens (or B megabytes at data.budget's
+                      `bytes_per_token`), whole traces in serving order:
                       request r drafts only from requests s(r) .. r-1 with s = data.budget's
                       `window_starts` (the one definition: when a join takes the pool above B the
                       oldest traces leave until it holds <= 7/8 B). Past pool only.
-  tenants             a request's `tenant` (data.benchmarks.Request, the store's `tenant` column;
+  tenants             a request's `tenant` (data.request.Request, the store's `tenant` column;
                       "" when absent): one drafter per tenant, so no request ever drafts from
                       another tenant's traces (nor from its adjacency rows or ring buffer). The
                       budget window is global, over serving order (data/budget.py); each tenant's
                       drafter holds its own traces inside it.
 
-`TenantPools` is the one implementation both loops use: `begin(r, tenant)` before request r moves
-the window (evicting with `drafter.evict_traces`) and returns the tenant's drafter; `end(...)`
-records what the finished request added.
+`TenantPools` is the one implementation, used by the one request runner (decoder/loop.py
+`serve_requests`) for live decoding and replay alike: `begin(r, tenant)` before request r moves the
+window (evicting with `Drafter.evict_traces`) and returns the tenant's drafter; `end(...)` records
+what the finished request added; `add_warm` feeds warm traces before serving.
 """
 
 from __future__ import annotations
 
 import collections
 import importlib.util
-import math
-import re
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable, Sequence
 
-from data.budget import check_budget, parse_budget, window_starts
+from data.budget import bytes_per_token, check_budget, parse_budget, window_starts
 from data.errors import OilbirdError
+from data.schema import prompt_hash
 from data.stateindex import IndexSpec, parse_index_spec
+from decoder.draft import Drafter
 
 SETTINGS = ("knn_recall_every", "knn_recall_k")  # drafter stats that are settings: merged by max, not summed
-ROW_POINTER_BYTES = 16  # per state: its flat token index and its trace end (int64 each)
-TOKEN_BYTES = 4  # per pooled token (int32)
 
 
 @dataclass(frozen=True)
@@ -75,40 +74,6 @@ def warmup_note(spec: IndexSpec, train_size: int, most_states: float) -> str | N
             f"{int(most_states)}: every query is answered exactly from its warm-up buffer (warmup_queries)")
 
 
-def nominal_state_bytes(spec: IndexSpec, d: int) -> float:
-    """Bytes per state a spec's codes take, stated before any training (for budgets in MB): the
-    coder's code size on the (projected) width, plus 8 for an ivf's stored id and 8 M for an hnsw's
-    level-0 links. The measured figure (StateIndex.bytes_per_state) lands in summary.json."""
-    if spec.exact:
-        return 2.0 * d
-    parts = spec.text.split(",")
-    width = d
-    for p in parts:
-        m = re.fullmatch(r"pca(\d+)", p)
-        if m:
-            width = int(m.group(1))
-    size = 4.0 * width  # Flat storage
-    for p in parts:
-        m = re.fullmatch(r"pq(\d+)(x(\d+))?", p)
-        if m:
-            size = math.ceil(int(m.group(1)) * int(m.group(3) or 8) / 8)
-        elif p in ("sq8", "sq6", "sq4", "fp16"):
-            size = math.ceil(width * {"sq8": 8, "sq6": 6, "sq4": 4, "fp16": 16}[p] / 8)
-    for p in parts:
-        if p.startswith("ivf"):
-            size += 8
-        m = re.fullmatch(r"hnsw(\d+)", p)
-        if m:
-            size += 8 * int(m.group(1))
-    return float(size)
-
-
-def budget_bytes_per_token(spec: IndexSpec, d: int) -> float:
-    """The stated bytes one pooled token costs: its state's code, its row pointers, the token itself
-    (the exact float16 pool: 2 d + 20, what `store_bytes_per_token` reports when every token has a state)."""
-    return nominal_state_bytes(spec, d) + ROW_POINTER_BYTES + TOKEN_BYTES
-
-
 def resolve_budget(text: str | None, spec: IndexSpec, d: int, pool: str = "past",
                    warm: bool = False) -> tuple[int | None, dict | None]:
     """(budget in tokens or None, its summary.json block) for a --store-budget value."""
@@ -118,7 +83,7 @@ def resolve_budget(text: str | None, spec: IndexSpec, d: int, pool: str = "past"
     if warm or pool != "past":
         raise OilbirdError(f"--store-budget bounds the past pool; it cannot be combined with a warm pool "
                            f"({'--warm-from' if warm else '--pool ' + pool})")
-    per_token = budget_bytes_per_token(spec, d) if budget.tokens is None else None
+    per_token = bytes_per_token(spec, d) if budget.tokens is None else None
     tokens = budget.in_tokens(per_token)
     if tokens < 1:
         raise OilbirdError(f"--store-budget {text}: less than one token at {per_token:.0f} bytes per token")
@@ -133,10 +98,10 @@ def resolve_budget(text: str | None, spec: IndexSpec, d: int, pool: str = "past"
 class TenantPools:
     """One drafter per tenant, each holding its tenant's traces inside the budget window (module docstring)."""
 
-    def __init__(self, make: Callable[[], Any], budget_tokens: int | None = None) -> None:
+    def __init__(self, make: Callable[[], Drafter], budget_tokens: int | None = None) -> None:
         self.make = make
         self.budget = budget_tokens
-        self.drafters: dict[str, Any] = {}
+        self.drafters: dict[str, Drafter] = {}
         self.lengths: list[int] = []  # tokens each finished request added to its pool, serving order
         self.start = 0  # the first request of the current window
         self.held = 0  # tokens of requests start .. served-1 (every tenant's)
@@ -146,22 +111,20 @@ class TenantPools:
         self.evictions = 0  # window moves
         self.evicted = 0  # traces dropped
 
-    def drafter(self, tenant: str):
+    def drafter(self, tenant: str) -> Drafter:
         if tenant not in self.drafters:
-            d = self.make()
-            if self.budget is not None and not hasattr(d, "evict_traces"):
-                raise OilbirdError(f"drafter {getattr(d, 'name', type(d).__name__)} cannot evict traces, "
-                                   "so it cannot honour --store-budget")
-            self.drafters[tenant] = d
+            self.drafters[tenant] = self.make()
             self.pooled[tenant] = collections.deque()
         return self.drafters[tenant]
 
-    def warm(self, tenant: str, n_tokens: int):
-        """The tenant's drafter, for a warm trace of `n_tokens` (a warm pool has no budget window)."""
-        self.held += int(n_tokens)
-        return self.drafter(tenant)
+    def add_warm(self, traces: Iterable[tuple[Sequence[int], Sequence[int], Any, str]]) -> None:
+        """Warm traces (prompt, output, states, tenant), each into its own tenant's drafter, before serving
+        (a warm pool has no budget window)."""
+        for prompt, output, hidden, tenant in traces:
+            self.held += len(output)
+            self.drafter(tenant).add_trace(list(output), prompt_hash(prompt), hidden)
 
-    def begin(self, r: int, tenant: str):
+    def begin(self, r: int, tenant: str) -> Drafter:
         """Before serving request r: move the window to s(r), evict, return the tenant's drafter."""
         if r != len(self.lengths):
             raise ValueError(f"request {r} begun after {len(self.lengths)} finished: serve in order")
@@ -184,15 +147,15 @@ class TenantPools:
         return self.drafter(tenant)
 
     def end(self, r: int, tenant: str, n_tokens: int) -> None:
-        """Request r's trace joined its tenant's pool (after the drafter's end_request)."""
+        """Request r's trace joined its tenant's pool (after the drafter's add_trace)."""
         check_budget(self.budget, [n_tokens])
         self.lengths.append(int(n_tokens))
         self.pooled[tenant].append(r)
         self.held += int(n_tokens)
 
-    def stats(self) -> dict | None:
+    def counters(self) -> dict | None:
         """The drafters' counters, added up over tenants (None when no drafter has any)."""
-        return merge_stats([d.stats() for d in self.drafters.values() if hasattr(d, "stats")])
+        return merge_stats([d.counters() for d in self.drafters.values()])
 
     def summary(self) -> dict:
         """summary.json's pool fields: tenants, the budget in tokens, the largest pool (tokens, every

@@ -11,7 +11,7 @@ past_len) + the measured drafting and update time; plain greedy decoding is pref
 + one verify_s(0, past_len) per generated token; the speedup is their ratio. `CostModel` reads the
 profile and interpolates between the measured grid points.
 
-Files: runs/profiles/<model>-<device>.json (`default_profile_path`); the format is `measure_profile`'s.
+Files: runs/profiles/<model>-<device>.json (data/layout.py `default_profile_path`); the format is `measure_profile`'s.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError, cli_entry
+from data.layout import default_profile_path
 
 FORMAT = 1
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -54,10 +55,6 @@ class ProfileConfig:
     file: str | None = None  # output path; default runs/profiles/<model>-<device>.json
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
-
-
-def default_profile_path(out: str | Path, model_slug: str, device_type: str) -> Path:
-    return Path(out) / "profiles" / f"{model_slug}-{device_type}.json"
 
 
 # ---------------------------------------------------------------- which context lengths
@@ -347,7 +344,7 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
             raise OilbirdError(f"--contexts must be lengths of at least 1 (got {','.join(map(str, cfg.contexts))})")
         return tuple(cfg.contexts)
     if cfg.bench is not None:
-        from data.store import store_dir
+        from data.layout import store_dir
 
         path = store_dir(cfg.out, cfg.bench, slug)
         if not (path / "meta.json").exists():
@@ -359,8 +356,9 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
 
 def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     """Check the config, load the model, measure, write the JSON; (profile, path)."""
-    from data.models import load_model, model_slug
-    from data.store import atomic_write_json
+    from data.files import atomic_write_json
+    from data.layout import model_slug
+    from data.models import load_model
     from decoder.engine import check_supported
 
     bad = [n for n in cfg.nodes if not 0 <= n <= MAX_NODES]
@@ -405,7 +403,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.if_missing:
-        from data.models import model_slug, pick_device
+        from data.layout import model_slug
+        from data.models import pick_device
 
         target = Path(args.file) if args.file else default_profile_path(
             args.out, model_slug(args.model), pick_device(args.device).type)

@@ -34,8 +34,10 @@ from typing import Sequence
 
 import torch
 
-from data.models import TOPK, LoadedModel
-from decoder.engine import Cycle, Generation, StopRule
+from data.models import LoadedModel
+from data.schema import TOPK
+from decoder.engine import StopRule
+from decoder.loop import Cycle, Generation
 
 REFERENCE_ARM = "ar"  # plain greedy decoding (decoder/engine.py decode_greedy): the audit's reference
 STATIC_ARM = "ar-static"

@@ -1,32 +1,17 @@
 """Replay: every drafter over a captured trace store, without the model.
 
-Greedy decoding is deterministic, and the trace store holds every committed token x_t, the state and
-the top-8 computed with x_t as input (data/store.py). A draft node's fate depends only on the true
-continuation: it is accepted iff its root path spells the trace's next tokens. So replay runs the
-decoder's own drafter classes through the live engine's loop (decoder/engine.py `decode_speculative`)
-with the verification forward replaced by the store - SuffixDecoding's offline simulator, for every
-arm, the semantic source included:
+Replay runs the decoder's own drafter classes through the one speculative loop and the one request
+runner the live decoder uses (decoder/loop.py `speculate`, `serve_requests`), with the model's
+verification forward replaced by the store (decoder/traces.py `TraceVerifier`: SuffixDecoding's
+offline simulator, for every arm, the semantic source included; which arms replay exactly, and why the
+others do not, is `exactness` there):
 
-  per request, in serving order         drafter.begin_request(prompt)
-    per pass (m tokens committed)       draft = drafter.propose(prompt + x[:m], nodes)        (draft_s)
-                                        argmax = truth_argmax(draft, x[m:]): the next token at the
-                                          anchor and at every node on the true path, -1 elsewhere
-                                        accepted, bonus = greedy_accept(...)    (the engine's kernel)
-                                        commit accepted + bonus, cut at the trace's end
-                                        drafter.observe(context, the store's top-8 and states at the
-                                          anchor and the nodes on the true path)              (update_s)
-    pool "past" (default)               drafter.end_request(prompt, x, states): the trace joins the
+  per request, in serving order         the loop: begin_request, then per pass propose (draft_s),
+                                          verify against the trace, observe (update_s)
+    pool "past" (default)               drafter.add_trace(x, prompt hash, states): the trace joins the
                                           pool when its request ends; the first request sees none
     pool "warm"                         every trace enters before serving, none after; a request skips
                                           the traces of its own prompt hash (as every pool does)
-
-Exact arms. A drafter whose proposals depend only on committed tokens and their states (pld, suffix,
-sam, the semantic key) makes the same passes as live decoding (tests/test_replay.py compares them
-pass by pass). The store lacks the model's outputs at REJECTED nodes: the adjacency table of Token
-Recycling (recycling, lexical, the lexical host of oilbird) learns the top-8 at every verified node,
-the rejected-branch ring buffer (oilbird's rollouts) the argmax at rejected nodes. Replay passes -1
-there: the table skips those rows and the ring buffer records nothing. `exactness(drafter)` says which
-arms that touches, and summary.json records it with the reason.
 
 Time. Drafting and update times are measured per pass. The model's time comes from a profile of one
 verification forward against node count and context (decoder/profile.py, `python -m decoder
@@ -40,7 +25,7 @@ column gets one drafter per tenant, so no request drafts from another tenant's t
 
 Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; with several --nodes
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
-summary.json (see README, "Replay").
+summary.json (see docs/replay.md).
 """
 
 from __future__ import annotations
@@ -58,19 +43,18 @@ import numpy as np
 
 from data.budget import check_budget
 from data.errors import OilbirdError
-from data.models import model_slug
+from data.layout import default_profile_path, model_slug, replay_dir, store_dir
 from data.stateindex import check_trainable
 from data.stats import RequestBootstrap
-from data.store import current_summary, open_store, store_dir, store_fingerprint
-from decoder.draft import ROOT, VerifyResult
-from decoder.engine import Cycle, check_draft, pass_record
-from decoder.passes import DEPTH_ROWS, SEMANTIC_SOURCE, paired_ratio, pass_statistics
+from data.store import current_summary, open_store, store_fingerprint
+from decoder.loop import Cycle, Generation, serve_requests, speculate
+from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
+from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM
 from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
-from decoder.tree import greedy_accept
+from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
 
-# What `make census` replays: the decision needs the key on and off, and the two lexical baselines.
-DECISION_ARMS = ("suffix", "lexical", "oilbird", "oilbird-no-semantic")
-PAIRED = {"oilbird": "oilbird-no-semantic"}  # arm -> the arm its paired gain is measured against
+# DECISION_ARMS (decoder/policy.py) is what `make census` replays: the key on and off, two lexical baselines.
+PAIRED = {ON_ARM: OFF_ARM}  # arm -> the arm its paired gain is measured against
 POOLS = ("past", "warm")
 
 
@@ -98,154 +82,7 @@ class ReplayConfig:
     pair_against: str | None = None  # every arm's paired tau gain against this arm (default: PAIRED, oilbird vs oilbird-no-semantic)
 
 
-# ---------------------------------------------------------------- the store as the verifier
-
-@dataclass
-class Trace:
-    """One request of the store: prompt, generated tokens, and per token the state and top-8 computed
-    with it as input (`known[t]` False where the store has none: the last token, never fed)."""
-
-    prompt: list[int]
-    tokens: list[int]
-    hidden: np.ndarray  # [n, d] float16
-    topk: np.ndarray  # [n, 8] int32, -1 rows where unknown
-    first_hidden: np.ndarray  # [d] the state that predicted tokens[0] (at the prompt's last token)
-    first_topk: np.ndarray  # [8]
-    tenant: str = ""  # whose traffic; "" = the default tenant (stores without the column)
-
-    def pool_states(self) -> np.ndarray:
-        """float32 states for the drafter's pool: zeros where unknown (the live engine's convention)."""
-        return self.hidden.astype(np.float32)
-
-
-def load_traces(store, limit: int | None, max_new_tokens: int | None) -> list[Trace]:
-    """The store's requests in serving order, each cut at max_new_tokens (greedy with a lower cap)."""
-    n_req = store.n_requests if limit is None else min(limit, store.n_requests)
-    flat_tokens = store.positions["token"].to_numpy()
-    # stores written before tenants lack the column: one tenant
-    tenants = store.requests["tenant"].to_list() if "tenant" in store.requests.columns else [""] * n_req
-    traces = []
-    for r in range(n_req):
-        lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
-        if max_new_tokens is not None:
-            hi = min(hi, lo + max_new_tokens)
-        known = store.hidden_valid[lo:hi].copy()
-        if len(known):
-            known[-1] = False  # the cut trace's last token is never fed back
-        hidden = store.hidden[lo:hi].copy()
-        hidden[~known] = 0
-        topk = store.topk[lo:hi].copy()
-        topk[~known] = -1
-        traces.append(Trace(prompt=store.prompt(r), tokens=flat_tokens[lo:hi].astype(int).tolist(),
-                            hidden=hidden, topk=topk, first_hidden=store.prompt_last_hidden[r],
-                            first_topk=store.prompt_last_topk[r], tenant=tenants[r] or ""))
-    return traces
-
-
-def truth_argmax(tokens: Sequence[int], parents: Sequence[int], truth: Sequence[int]) -> tuple[np.ndarray, dict[int, int]]:
-    """The model's next token at the anchor (row 0) and after every draft node (row 1 + i), as far as
-    the truth tells it: known for nodes whose root path spells truth[:depth], -1 elsewhere.
-
-    Returns (argmax [1 + N] int64, {node: depth} for the nodes on the true path)."""
-    n_truth = len(truth)
-    argmax = np.full(1 + len(tokens), -1, np.int64)
-    argmax[0] = truth[0] if n_truth else -1
-    on_path: dict[int, int] = {}
-    for i, (tok, p) in enumerate(zip(tokens, parents)):
-        depth = 1 if p == ROOT else on_path.get(p, -1) + 1
-        if depth >= 1 and depth <= n_truth and tok == truth[depth - 1]:
-            on_path[i] = depth
-            if depth < n_truth:
-                argmax[1 + i] = truth[depth]
-    return argmax, on_path
-
-
-class StoreRows:
-    """`VerifyResult.hidden` in replay: row 0 = the anchor, 1 + i = node i, read from the store.
-
-    Only rows of the anchor and of nodes on the true path exist; any other row raises, so a drafter
-    that would need a state the store lacks fails loudly instead of reading a made-up one."""
-
-    def __init__(self, trace: Trace, m: int, on_path: dict[int, int]) -> None:
-        self.trace, self.m, self.on_path = trace, m, on_path
-
-    def __getitem__(self, row: int) -> np.ndarray:
-        row = int(row)
-        if row == 0:
-            return self.trace.first_hidden if self.m == 0 else self.trace.hidden[self.m - 1]
-        depth = self.on_path.get(row - 1)
-        if depth is None:
-            raise LookupError(f"replay: the state at rejected draft node {row - 1} is not in the trace store")
-        return self.trace.hidden[self.m + depth - 1]
-
-
-def store_topk(trace: Trace, m: int, n_nodes: int, on_path: dict[int, int]) -> np.ndarray:
-    """[1 + N, 8]: the store's top-8 at the anchor and at nodes on the true path, -1 rows elsewhere."""
-    topk = np.full((1 + n_nodes, trace.topk.shape[1]), -1, np.int32)
-    topk[0] = trace.first_topk if m == 0 else trace.topk[m - 1]
-    for i, depth in on_path.items():
-        topk[1 + i] = trace.topk[m + depth - 1]
-    return topk
-
-
-def replay_request(drafter, trace: Trace, nodes: int, vocab_size: int) -> list[Cycle]:
-    """One request: the live engine's pass loop with the store as the verifier (module docstring)."""
-    tokens, n = trace.tokens, len(trace.tokens)
-    context = list(trace.prompt)
-    cycles: list[Cycle] = []
-    m = 0
-    measured = hasattr(drafter, "untimed_s")  # measurement-only work inside propose (knn_recall shadows)
-    while m < n:
-        u0 = drafter.untimed_s if measured else 0.0
-        t0 = time.perf_counter()
-        draft = drafter.propose(context, nodes)
-        t1 = time.perf_counter()
-        t0 += (drafter.untimed_s - u0) if measured else 0.0
-        check_draft(draft, nodes, vocab_size)
-        truth = tokens[m:]
-        argmax, on_path = truth_argmax(draft.tokens, draft.parents, truth)
-        accepted, bonus = greedy_accept(draft.tokens, draft.parents, argmax)
-        kept = min(len(accepted) + 1, n - m)  # the trace ends where greedy decoding stopped
-        committed = truth[:kept]
-        result = VerifyResult(draft=draft, accepted_nodes=accepted, bonus=bonus, committed=committed,
-                              argmax=argmax, topk=store_topk(trace, m, len(draft), on_path),
-                              hidden=StoreRows(trace, m, on_path))
-        t2 = time.perf_counter()
-        drafter.observe(context, result)
-        context.extend(committed)
-        t3 = time.perf_counter()
-        cycles.append(pass_record(draft, accepted, kept, t1 - t0, 0.0, t3 - t2))  # verify time: from a profile
-        m += kept
-    return cycles
-
-
 # ---------------------------------------------------------------- arms
-
-ADJACENCY_REASON = ("the adjacency table learns the model's top-8 at every verified node; the store holds it "
-                    "at the anchor and the accepted nodes only, so rows of rejected nodes are skipped")
-RING_REASON = ("the rejected-branch ring buffer needs the model's argmax at rejected nodes, which the store "
-               "lacks: it stays empty in replay")
-
-
-def exactness(drafter) -> tuple[bool, str]:
-    """Whether replay makes the same passes as live decoding for this drafter, and why not."""
-    reasons = []
-    if getattr(drafter, "table", None) is not None:
-        reasons.append(ADJACENCY_REASON)
-    ring = getattr(drafter, "ring", None)
-    if ring is not None and ring.capacity > 0 and getattr(drafter.config, "rollouts", 0) > 0:
-        reasons.append(RING_REASON)
-    if reasons:
-        return False, "; ".join(reasons)
-    return True, "proposals depend only on committed tokens and their states, all in the store"
-
-
-def uses_states(drafter) -> bool:
-    """Whether the drafter queries the semantic key (and so needs the store's states in its pool)."""
-    config = getattr(drafter, "config", None)
-    return (getattr(drafter, "pool", None) is not None and bool(getattr(config, "semantic", False))
-            and getattr(config, "key_level", "position") != "null")
-
 
 def resolve_arms(arms: Sequence[str]) -> list[str]:
     from decoder.drafters import arm_names
@@ -277,7 +114,7 @@ class ArmReplay:
     arm: str
     nodes: int
     cycles: list[list[Cycle]]  # per request
-    pool_s: np.ndarray  # end_request time per request
+    pool_s: np.ndarray  # pool time per request: the window's evictions and add_trace
     seconds: float  # wall time of the arm's replay
     exact: bool
     exact_reason: str
@@ -289,10 +126,10 @@ class ArmReplay:
 
 def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size: int,
                progress=None, settings: PoolSettings | None = None) -> ArmReplay:
-    """Serve every trace with fresh drafters of `arm` (one per tenant; pools empty, or warm), in order.
+    """Serve every trace with fresh drafters of `arm` (one per tenant; pools empty, or warm), in order:
+    the live decoder's request runner and loop, the store as the verifier.
 
     `settings`: the index spec and the budget window (decoder/pools.py); default exact, unbounded."""
-    from data.capture import prompt_hash
     from decoder.drafters import make_drafter
 
     settings = settings or PoolSettings()
@@ -303,30 +140,25 @@ def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size:
     states = uses_states(probe)
     t_start = time.perf_counter()
     warm_s = 0.0
-    if pool == "warm":
-        for tr in traces:  # each tenant's drafter gets its own tenant's traces only
-            pools.warm(tr.tenant, len(tr.tokens)).end_request(tr.prompt, tr.tokens, tr.pool_states())
+    if pool == "warm":  # each tenant's drafter gets its own tenant's traces only
+        pools.add_warm((tr.prompt, tr.tokens, tr.pool_states(), tr.tenant) for tr in traces)
         warm_s = time.perf_counter() - t_start
-    per_request: list[list[Cycle]] = []
-    pool_s = np.zeros(len(traces))
-    for r, tr in enumerate(traces):
-        t0 = time.perf_counter()
-        drafter = pools.begin(r, tr.tenant)  # moves the budget window: evictions count as pool time
-        pool_s[r] = time.perf_counter() - t0
-        drafter.begin_request(tr.prompt, prompt_hash(tr.prompt))
-        per_request.append(replay_request(drafter, tr, nodes, vocab_size))
-        if pool == "past":
-            t0 = time.perf_counter()
-            drafter.end_request(tr.prompt, tr.tokens, tr.pool_states() if states else None)
-            pool_s[r] += time.perf_counter() - t0
-        pools.end(r, tr.tenant, len(tr.tokens) if pool == "past" else 0)
-        if progress is not None:
-            progress(1)
-    stats = pools.stats()
+
+    def decode(r: int, drafter) -> Generation:
+        tr = traces[r]
+        run = speculate(drafter, TraceVerifier(tr, vocab_size), tr.prompt, nodes)
+        hidden = tr.pool_states() if states and pool == "past" else None  # what joins the pool
+        return Generation(tokens=tr.tokens, stop_reason=run.stop_reason, seconds=run.seconds,
+                          prefill_s=run.prefill_s, cycles=run.cycles, hidden=hidden)
+
+    gens, pool_s = serve_requests([tr.prompt for tr in traces], [tr.tenant for tr in traces], pools, decode,
+                                  join=pool == "past", on_request=(lambda g, s: progress(1)) if progress else None)
+    per_request = [g.cycles for g in gens]
+    stats = pools.counters()
     has_key = bool(stats and stats.get("semantic_key")) or any(
         SEMANTIC_SOURCE in c.node_sources for cs in per_request for c in cs)
-    return ArmReplay(arm, nodes, per_request, pool_s, time.perf_counter() - t_start, exact, reason, has_key,
-                     stats, warm_s, pools.summary())
+    return ArmReplay(arm, nodes, per_request, np.asarray(pool_s), time.perf_counter() - t_start, exact, reason,
+                     has_key, stats, warm_s, pools.summary())
 
 
 # ---------------------------------------------------------------- time estimate
@@ -364,15 +196,9 @@ def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap |
 
 # ---------------------------------------------------------------- the command
 
-def replay_dir(out: str | Path, bench: str, slug: str, pool: str = "past") -> Path:
-    """runs/<bench>/<model>/replay (replay-<pool> for other pools), beside the trace store."""
-    return store_dir(out, bench, slug).parent / ("replay" if pool == "past" else f"replay-{pool}")
-
-
 def replay_is_current(cfg: ReplayConfig) -> bool:
     """Every arm of `cfg` has a result with its settings, computed from the store as it is now, and with
     the speed estimate when a verification-cost profile exists (`--if-missing`)."""
-    from decoder.profile import default_profile_path
     from data.models import pick_device
 
     check_config(cfg)
@@ -430,7 +256,7 @@ def check_config(cfg: ReplayConfig) -> None:
 def load_cost(cfg: ReplayConfig, slug: str, fingerprint: str):
     """The verification-cost profile (decoder/profile.py), or (None, why not)."""
     from data.models import pick_device
-    from decoder.profile import CostModel, default_profile_path
+    from decoder.profile import CostModel
 
     path = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)
     if not cfg.profile and not path.exists():
@@ -446,27 +272,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     check_config(cfg)
     arms = resolve_arms(cfg.arms)
     slug = model_slug(cfg.model)
-    path = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
-    if not (path / "meta.json").exists():
-        raise OilbirdError(f"no trace store for {cfg.bench} / {slug} at {path}: run `python -m data capture "
-                           f"--bench {cfg.bench} --model {cfg.model} --out {cfg.out}` first (or `make census "
-                           f"BENCH={cfg.bench}`)")
-    store = open_store(path)
+    path, store, cap, vocab_size = open_replay_store(cfg, arms, slug)
     meta = store.meta
-    cap = int(meta["max_new_tokens"])
-    if cfg.max_new_tokens is not None and cfg.max_new_tokens > cap:
-        raise OilbirdError(f"--max-new-tokens {cfg.max_new_tokens} exceeds the store's cap of {cap}: replay cannot "
-                           f"see past what was captured (recapture with --max-new-tokens {cfg.max_new_tokens})")
-    vocab_size = int(meta.get("vocab_size") or 0) or 1 + int(max(
-        store.positions["token"].max(), max(max(p) for p in store.requests["prompt_tokens"].to_list() if p),
-        store.topk.max(initial=0)))
-    from decoder.drafters import make_drafter
-
-    if not store.hidden_valid.any():
-        needs = [a for a in arms if uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1))]
-        if needs:
-            raise OilbirdError(f"arm {needs[0]} needs hidden states and the store at {path} holds none; "
-                               "recapture in generate mode (`python -m data capture`)")
     spec = check_index(cfg.index, store.d_model)
     budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
@@ -475,14 +282,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         raise OilbirdError(f"trace store {path} holds no generated tokens to replay")
     del store
     check_budget(budget_tokens, [len(tr.tokens) for tr in traces])
-    index_note = None
-    if not spec.exact and any(uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1)) for a in arms):
-        # the most states any pool could hold: the replayed traces' valid states
-        n_states = sum(int(np.count_nonzero(np.abs(tr.hidden).sum(axis=1))) for tr in traces)
-        check_trainable(spec, n_states)
-        index_note = warmup_note(spec, cfg.index_train_size, min(n_states, budget_tokens or n_states))
-        if index_note:
-            print(f"note: {index_note}", file=sys.stderr)
+    index_note = check_index_fits(spec, cfg, arms, traces, vocab_size, budget_tokens)
     settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size)
     jobs = [(arm, nodes) for arm in arms for nodes in cfg.nodes]
     n_workers = cfg.jobs or min(len(jobs), os.cpu_count() or 1)
@@ -497,21 +297,76 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     summaries: dict[tuple[str, int], dict] = {}
-    per_request_time: dict[tuple[str, int], tuple[np.ndarray, np.ndarray]] = {}
-    for (arm, nodes), run in runs.items():
-        stats = pass_statistics(run.cycles, run.has_key, boot)
-        tau, tau_iv = stats.pop("tau"), stats.pop("tau_interval")
-        s = {**base, "arm": arm, "nodes": nodes, **stats, "tau": {"value": tau, "interval": tau_iv},
-             "exact": run.exact, "exact_reason": run.exact_reason, "seconds": run.seconds, "warm_pool_s": run.warm_s,
-             "drafter_stats": run.stats, "estimate": None, "estimate_note": cost_note, "paired_gain": None,
-             **index_summary(run.stats, spec), "index_note": index_note if run.stats else None,
-             "store_budget": budget_info, **run.pools}
+    arm_seconds: dict[tuple[str, int], np.ndarray] = {}  # estimated seconds per request, with a profile
+    for key, run in runs.items():
+        summaries[key] = summarize_run(run, base, boot, spec, index_note, cost_note, budget_info)
         if cost is not None:
-            s["estimate"], ar_r, arm_r = estimate(run, traces, cost, boot)
-            per_request_time[(arm, nodes)] = (ar_r, arm_r)
-        summaries[(arm, nodes)] = s
+            summaries[key]["estimate"], _, arm_seconds[key] = estimate(run, traces, cost, boot)
+    add_paired_gains(summaries, runs, arm_seconds, cfg.pair_against, boot)
+    write_results(cfg, slug, summaries, runs)
+    return summaries
+
+
+def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
+    """(path, the opened store, its token cap, the vocabulary size), refusing a store replay cannot use."""
+    from decoder.drafters import make_drafter
+
+    path = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
+    if not (path / "meta.json").exists():
+        raise OilbirdError(f"no trace store for {cfg.bench} / {slug} at {path}: run `python -m data capture "
+                           f"--bench {cfg.bench} --model {cfg.model} --out {cfg.out}` first (or `make census "
+                           f"BENCH={cfg.bench}`)")
+    store = open_store(path)
+    meta = store.meta
+    cap = int(meta["max_new_tokens"])
+    if cfg.max_new_tokens is not None and cfg.max_new_tokens > cap:
+        raise OilbirdError(f"--max-new-tokens {cfg.max_new_tokens} exceeds the store's cap of {cap}: replay cannot "
+                           f"see past what was captured (recapture with --max-new-tokens {cfg.max_new_tokens})")
+    vocab_size = int(meta.get("vocab_size") or 0) or 1 + int(max(
+        store.positions["token"].max(), max(max(p) for p in store.requests["prompt_tokens"].to_list() if p),
+        store.topk.max(initial=0)))
+    if not store.hidden_valid.any():
+        needs = [a for a in arms if uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1))]
+        if needs:
+            raise OilbirdError(f"arm {needs[0]} needs hidden states and the store at {path} holds none; "
+                               "recapture in generate mode (`python -m data capture`)")
+    return path, store, cap, vocab_size
+
+
+def check_index_fits(spec, cfg: ReplayConfig, arms: list[str], traces: list[Trace], vocab_size: int,
+                     budget_tokens: int | None) -> str | None:
+    """A faiss index must be trainable on the states any pool could hold; the note when it never trains."""
+    from decoder.drafters import make_drafter
+
+    if spec.exact or not any(uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1)) for a in arms):
+        return None
+    # the most states any pool could hold: the replayed traces' valid states
+    n_states = sum(int(np.count_nonzero(np.abs(tr.hidden).sum(axis=1))) for tr in traces)
+    check_trainable(spec, n_states)
+    note = warmup_note(spec, cfg.index_train_size, min(n_states, budget_tokens or n_states))
+    if note:
+        print(f"note: {note}", file=sys.stderr)
+    return note
+
+
+def summarize_run(run: ArmReplay, base: dict, boot: RequestBootstrap | None, spec, index_note: str | None,
+                  cost_note: str | None, budget_info: dict | None) -> dict:
+    """One (arm, nodes)'s summary.json, its estimate (with a profile) and paired gain left empty."""
+    stats = pass_statistics(run.cycles, run.has_key, boot)
+    tau, tau_iv = stats.pop("tau"), stats.pop("tau_interval")
+    return {**base, "arm": run.arm, "nodes": run.nodes, **stats, "tau": {"value": tau, "interval": tau_iv},
+            "exact": run.exact, "exact_reason": run.exact_reason, "seconds": run.seconds, "warm_pool_s": run.warm_s,
+            "drafter_stats": run.stats, "estimate": None, "estimate_note": cost_note, "paired_gain": None,
+            **index_summary(run.stats, spec), "index_note": index_note if run.stats else None,
+            "store_budget": budget_info, **run.pools}
+
+
+def add_paired_gains(summaries: dict, runs: dict, arm_seconds: dict, pair_against: str | None,
+                     boot: RequestBootstrap | None) -> None:
+    """Each arm's paired tau gain (and, with estimated seconds per request, speedup gain) over the arm it
+    is paired with (PAIRED, or `pair_against` for every arm), replayed in the same command."""
     for (arm, nodes), s in summaries.items():
-        other = PAIRED.get(arm) if cfg.pair_against is None else cfg.pair_against
+        other = PAIRED.get(arm) if pair_against is None else pair_against
         if other is None or other == arm:
             continue
         if (other, nodes) not in runs:
@@ -521,12 +376,10 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         passes_off = np.array([len(c) for c in runs[(other, nodes)].cycles], float)
         ratio, iv = paired_ratio(passes_off, passes_on, boot)  # same tokens: tau ratio = passes ratio, inverted
         gain = {"versus": other, "tau_ratio": ratio, "interval": iv, "speedup_ratio": None, "speedup_interval": None}
-        if (arm, nodes) in per_request_time:
+        if (arm, nodes) in arm_seconds:
             gain["speedup_ratio"], gain["speedup_interval"] = paired_ratio(
-                per_request_time[(other, nodes)][1], per_request_time[(arm, nodes)][1], boot)
+                arm_seconds[(other, nodes)], arm_seconds[(arm, nodes)], boot)
         s["paired_gain"] = gain
-    write_results(cfg, slug, summaries, runs)
-    return summaries
 
 
 def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers,
@@ -580,80 +433,11 @@ def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> 
         write_folder(root / arm, files)
 
 
-def _fmt_iv(v, iv, digits=2, pct=False) -> str:
-    if v is None:
-        return "n/a"
-    scale = 100 if pct else 1
-    txt = f"{scale * v:.{digits}f}" + ("%" if pct else "")
-    if iv:
-        txt += f" [{scale * iv[0]:.{digits}f}-{scale * iv[1]:.{digits}f}]"
-    return txt
-
-
-def format_depth_table(on: dict, off: dict, depths: tuple[int, ...] = DEPTH_ROWS) -> str:
-    """Where the key's gain lands: per depth of the accepted path, the share of passes reaching it with
-    the key and without, and the tokens there that only the semantic source proposed (per pass)."""
-    a, b = on["by_depth"], off["by_depth"]
-    lines = [f"per depth of the accepted path: {on['arm']} ({a['passes']} passes) vs {off['arm']} ({b['passes']} passes)",
-             f"{'depth':>5} {'reach on':>9} {'reach off':>9} {'semantic alone':>15} {'spine':>7} {'semantic':>9}"]
-    src = a["by_source"]
-    for d in depths:
-        if d > min(a["depths"], b["depths"]):
-            break
-        lines.append(f"{d:>5} {100 * a['reach'][d - 1]:>8.1f}% {100 * b['reach'][d - 1]:>8.1f}% "
-                     f"{100 * a['sole_semantic'][d - 1] / max(a['passes'], 1):>14.2f}% "
-                     f"{100 * (src.get('spine') or [0] * d)[d - 1] / max(a['passes'], 1):>6.1f}% "
-                     f"{100 * (src.get('semantic') or [0] * d)[d - 1] / max(a['passes'], 1):>8.1f}%")
-    lines.append("(reach: passes accepting at least d draft tokens; the other columns: accepted tokens at depth d "
-                 "per pass of the arm with the key, by the source that proposed them)")
-    return "\n".join(lines)
-
-
-def format_table(summaries: dict[tuple[str, int], dict]) -> str:
-    """The table `python -m decoder replay` prints."""
-    width = max([10, *(len(a) + 1 for a, _ in summaries)])
-    head = (f"{'arm':<{width}} {'nodes':>5} {'tau [95%]':>20} {'est. speedup':>20} {'sole share':>22} "
-            f"{'draft ms/pass':>13} {'draft %':>7} {'exact':>5} {'seconds':>7}")
-    lines = [head]
-    for (arm, nodes), s in summaries.items():
-        est = s.get("estimate") or {}
-        share = s.get("sole_source_share") or {}
-        draft = s["draft_s_per_pass"]["mean"]
-        frac = est.get("draft_fraction")
-        lines.append(
-            f"{arm:<{width}} {nodes:>5} {_fmt_iv(s['tau']['value'], s['tau']['interval']):>20} "
-            f"{_fmt_iv(est.get('speedup'), est.get('speedup_interval')):>20} "
-            f"{_fmt_iv(share.get('value'), share.get('interval'), 1, pct=True) if share else '-':>22} "
-            f"{(1000 * draft if draft is not None else float('nan')):>13.3f} "
-            f"{(f'{100 * frac:.1f}' if frac is not None else 'n/a'):>7} {('yes' if s['exact'] else 'no'):>5} "
-            f"{s['seconds']:>7.1f}")
-    for (arm, nodes), s in summaries.items():
-        g = s.get("paired_gain")
-        if g:
-            lines.append(f"paired gain {arm} / {g['versus']} (nodes {nodes}): tau x{_fmt_iv(g['tau_ratio'], g['interval'], 3)}"
-                         + (f", est. speedup x{_fmt_iv(g['speedup_ratio'], g['speedup_interval'], 3)}"
-                            if g.get("speedup_ratio") is not None else ""))
-    on = next((s for (arm, _), s in summaries.items() if arm == "oilbird" and s.get("paired_gain")), None)
-    if on is not None:
-        from decoder.verdict import verdict
-
-        off = summaries.get((on["paired_gain"]["versus"], on["nodes"])) or {}
-        share = on.get("sole_source_share") or {}
-        v = verdict(share.get("value"), share.get("interval"), on["paired_gain"]["interval"],
-                    (on.get("estimate") or {}).get("speedup"), (off.get("estimate") or {}).get("speedup"))
-        lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
-        lines.append(f"rule: {v.rule}")
-        if on.get("by_depth") and off.get("by_depth"):
-            lines.append(format_depth_table(on, off))
-    notes = {s.get("estimate_note") for s in summaries.values() if s.get("estimate_note")}
-    lines += [f"note: {n}" for n in sorted(notes)]
-    return "\n".join(lines)
-
-
 def replay_main(argv: list[str] | None = None) -> int:
     import argparse
 
     from data.errors import cli_entry
+    from decoder.replay_table import format_table
 
     @cli_entry
     def main(argv):

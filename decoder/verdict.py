@@ -1,10 +1,11 @@
 """Should the semantic draft source be enabled on this traffic? One rule, written once.
 
-The reports (reports/render.py) and the replay command read it from here; it imports nothing but the
-standard library, so any page or command can use it without loading a model.
+The reports (reports/decision.py) and the replay command read it from here; it imports nothing but the
+standard library and the policy's thresholds and arm names (decoder/policy.py), so any page or command
+can use it without loading a model.
 
 The rule (the paper's lines, section "Generality": above about 9% sole-source share the semantic
-source pays for itself, below about 3% it does not):
+source pays for itself, below about 3% it does not; the thresholds and arm names are decoder/policy.py's):
 
   share  = sole-source share of `oilbird`: accepted tokens that only the semantic source proposed,
            over all committed tokens (bonus tokens included; the paper's definition)
@@ -29,17 +30,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-ENABLE_SHARE = 0.09  # sole-source share at or above which the semantic source pays (paper, "Generality")
-OFF_SHARE = 0.03  # ... below which it does not
-SPEED_MARGIN = 1.02  # oilbird slower than oilbird-no-semantic by more than 2%: the key costs more than it saves
+from decoder.policy import ENABLE_SHARE, OFF_ARM, OFF_SHARE, ON_ARM, SPEED_MARGIN
 
 DECISIONS = ("enable", "neutral", "leave off")
 
-RULE = (f"Enable the semantic source when the sole-source share of oilbird (accepted tokens only the semantic "
+RULE = (f"Enable the semantic source when the sole-source share of {ON_ARM} (accepted tokens only the semantic "
         f"source proposed, over all committed tokens) is at least {100 * ENABLE_SHARE:g}%, the paired tau gain of "
-        f"oilbird over oilbird-no-semantic has its 95% interval entirely above 1 and, when both estimated speedups "
-        f"are known, oilbird's is the higher; leave it off when the share is below {100 * OFF_SHARE:g}%, or the "
-        f"gain's interval lies entirely below 1, or oilbird's estimated speedup is below oilbird-no-semantic's "
+        f"{ON_ARM} over {OFF_ARM} has its 95% interval entirely above 1 and, when both estimated speedups "
+        f"are known, {ON_ARM}'s is the higher; leave it off when the share is below {100 * OFF_SHARE:g}%, or the "
+        f"gain's interval lies entirely below 1, or {ON_ARM}'s estimated speedup is below {OFF_ARM}'s "
         f"divided by {SPEED_MARGIN:g}; otherwise neutral.")
 
 
@@ -89,7 +88,7 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
     enable_why: list[str] = []  # conditions for "enable" that hold
 
     if share is None:
-        not_enable.append("no sole-source share for oilbird: cannot enable")
+        not_enable.append(f"no sole-source share for {ON_ARM}: cannot enable")
     else:
         txt = f"sole-source share {_pct(share)}" + (f" (95% interval {_pct(siv[0]).rstrip('%')}–{_pct(siv[1])})"
                                                     if siv else "")
@@ -103,9 +102,9 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
 
     if giv is None:
         what = "no paired tau gain interval" if gain_interval is None else "the paired tau gain interval is not valid"
-        not_enable.append(f"{what} (oilbird / oilbird-no-semantic): cannot enable")
+        not_enable.append(f"{what} ({ON_ARM} / {OFF_ARM}): cannot enable")
     else:
-        txt = f"paired tau gain over oilbird-no-semantic, 95% interval {giv[0]:.3f}–{giv[1]:.3f}"
+        txt = f"paired tau gain over {OFF_ARM}, 95% interval {giv[0]:.3f}–{giv[1]:.3f}"
         if giv[1] < 1:
             off_why.append(f"{txt}, entirely below 1")
         elif giv[0] <= 1:
@@ -125,7 +124,7 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
             enable_why.append(f"{txt}: faster")
     else:
         missing = "neither speedup" if on is None and off is None else (
-            "no speedup for oilbird" if on is None else "no speedup for oilbird-no-semantic")
+            f"no speedup for {ON_ARM}" if on is None else f"no speedup for {OFF_ARM}")
         notes.append(f"speed condition skipped ({missing} given)")
 
     if off_why:  # the decisive numbers first, then the rest for context

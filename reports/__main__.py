@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from data.errors import OilbirdError, cli_entry
+from data.layout import REPORTS_HTML
 
 
 @cli_entry
@@ -20,7 +21,7 @@ def main(argv: list[str] | None = None) -> int:
         description="Render every census, replay and decoder result under RUNS into self-contained HTML pages: "
                     "index.html, one page per (benchmark, model), and grid.html across benchmarks.")
     p.add_argument("--runs", default="runs", help="results root (default runs/)")
-    p.add_argument("--out", default="reports/html", help="output folder (default reports/html/)")
+    p.add_argument("--out", default=REPORTS_HTML, help=f"output folder (default {REPORTS_HTML}/)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 

@@ -16,7 +16,6 @@ Without a tokenizer the viewer shows ids as ⟨id⟩ and says so. Everything is 
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from typing import Callable
 
 import numpy as np
 import polars as pl
+
+from reports.htmlkit import esc
 
 CATEGORIES = {  # class -> (legend label, description)
     "p": ("producible", "the exact-match oracle has this token among its 8 candidates"),
@@ -34,10 +35,6 @@ CATEGORIES = {  # class -> (legend label, description)
 MAX_TOKENS = 1500  # tokens shown per request; the rest is summarised in one line
 MIN_CASE_POSITIONS = 20  # requests shorter than this are not picked as cases (unless all are)
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def esc(text) -> str:
-    return html.escape(str(text), quote=True)
 
 
 def visible(text: str | bytes) -> str:

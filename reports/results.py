@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import polars as pl
 
-from census.stats import wilson  # noqa: F401  (re-exported for the pages)
 from data.errors import OilbirdError
+from data.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
+from data.stats import wilson  # noqa: F401  (re-exported for the pages)
 
-# positions.parquet columns the pages use (README, "Census outputs"); others are ignored.
+# positions.parquet columns the pages use (docs/census.md); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",
                     "longest_match_len", "sem_hit", "sem_best_cos", "emb_hit", "adj_hit", "novel_prev")
 SEMANTIC_SOURCE = "semantic"  # the decoder's label for the semantic draft source
@@ -313,7 +313,7 @@ def load_sweeps(folder: Path) -> dict[str, Sweep]:
     """The sweeps under runs/<bench>/<model>/sweeps/ whose file exists, by kind."""
     out = {}
     for kind, name in SWEEP_FILES.items():
-        path = folder / "sweeps" / name
+        path = folder / SWEEPS / name
         if path.is_file():
             out[kind] = read_sweep(path, kind)
         elif path.exists():  # a folder, say
@@ -321,7 +321,6 @@ def load_sweeps(folder: Path) -> dict[str, Sweep]:
     return out
 
 
-ABLATIONS_FILE = "ablations/ablations.json"
 ABLATIONS_COMMAND = "python -m decoder ablations"
 
 
@@ -441,7 +440,6 @@ def load_ablations(folder: Path) -> Ablations | None:
     return None
 
 
-NODES_DIR = re.compile(r"nodes-(\d+)")
 DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
 
 
@@ -480,7 +478,7 @@ def load_replay(folder: Path, pool: str) -> tuple[list[Arm], dict[int, list[Arm]
 
 def load_result(folder: Path) -> Result | None:
     """The census, decoder and replay results of runs/<bench>/<model>/, or None when it holds none."""
-    meta_path = folder / "traces" / "meta.json"
+    meta_path = folder / TRACES / "meta.json"
     meta = None
     if meta_path.exists():
         try:
@@ -489,23 +487,23 @@ def load_result(folder: Path) -> Result | None:
             meta = None  # only the tokenizer needs it; the page says token ids are shown instead
     result = Result(bench=folder.parent.name, model=folder.name, folder=folder, meta=meta)
     census_dirs = sorted((p for p in folder.iterdir()
-                          if p.is_dir() and (p.name == "census" or p.name.startswith("census-"))),
-                         key=lambda p: (p.name != "census", p.name))  # census/ (strictly past) first
+                          if p.is_dir() and census_pool(p.name) is not None),
+                         key=lambda p: (census_pool(p.name) != "past", p.name))  # census/ (strictly past) first
     for cdir in census_dirs:
         if not (cdir / "summary.json").exists():
             continue
         summary = read_json(cdir / "summary.json")
         positions, missing = read_positions(cdir / "positions.parquet")
-        pool = str(summary.get("pool") or ("past" if cdir.name == "census" else cdir.name.removeprefix("census-")))
+        pool = str(summary.get("pool") or census_pool(cdir.name))
         result.censuses.append(Census(cdir, pool, summary, positions, missing))
-    decode = folder / "decode"
+    decode = folder / DECODE
     if decode.is_dir():
         arm_dirs = sorted((p for p in decode.iterdir() if p.is_dir() and not p.name.startswith(".")
                            and (p / "summary.json").exists()), key=lambda p: (p.name != "ar", p.name))
         for adir in arm_dirs:
             result.arms.append(read_arm(adir, "live"))
-    result.replay, result.replay_nodes = load_replay(folder / "replay", "past")
-    result.replay_warm, result.replay_warm_nodes = load_replay(folder / "replay-warm", "warm")
+    result.replay, result.replay_nodes = load_replay(folder / replay_name("past"), "past")
+    result.replay_warm, result.replay_warm_nodes = load_replay(folder / replay_name("warm"), "warm")
     result.sweeps = load_sweeps(folder)
     result.ablations = load_ablations(folder)
     return result if result.censuses or result.has_decoder or result.sweeps or result.ablations else None

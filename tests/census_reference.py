@@ -58,8 +58,8 @@ def reference_windows(lengths: list[int], budget_tokens: int | None, low_water: 
 
 
 def reference_census(traces, cfg, embeddings=None) -> list[dict]:
-    """Every position's answers (exact semantic key). cfg.store_budget in tokens, or in MB at 2 d + 4
-    bytes per token; tenants from Trace.tenant."""
+    """Every position's answers (exact semantic key). cfg.store_budget in tokens, or in MB at 2 d + 20
+    bytes per token (float16 state, two int64 row pointers, int32 token); tenants from Trace.tenant."""
     from data.budget import parse_budget
 
     R = len(traces)
@@ -70,7 +70,7 @@ def reference_census(traces, cfg, embeddings=None) -> list[dict]:
     tenants = [getattr(tr, "tenant", "") or "" for tr in traces]
     budget = parse_budget(getattr(cfg, "store_budget", None))
     d = len(np.asarray(traces[0].prompt_last_hidden))
-    budget_tokens = None if budget is None else budget.in_tokens(2 * d + 4)
+    budget_tokens = None if budget is None else budget.in_tokens(2 * d + 20)
     windows = reference_windows([len(tr.output) for tr in traces], budget_tokens)
     C = cfg.candidates
     rows = []

@@ -67,7 +67,8 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
 
     from data.capture import CaptureConfig, capture
     from decoder.__main__ import main as decoder_main
-    from decoder.ablations import ABLATIONS, HEADLINE, LADDER, LEXICAL_ARMS
+    from decoder.ablations import ABLATIONS, HEADLINE, LADDER
+    from decoder.policy import LEXICAL_ARMS
     from decoder.replay import ReplayConfig, run_replay
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -93,6 +94,7 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
     assert not [m for m in r["missing"] if "no arm yet" in m]
     # the headline: every baseline against oilbird both ways, from one replay (pld / recycling shared with the ladder)
     assert [h["arm"] for h in r["headline"]] == [a for _, a in HEADLINE]
+    assert sorted(a for _, a in HEADLINE) == sorted(LEXICAL_ARMS)  # every best-lexical candidate is replayed
     rungs = {x["arm"]: x for lad in r["ladder"] for x in lad["rungs"]}
     for h in r["headline"]:
         assert h["vs_merged"] == pytest.approx(h["tau"] / r["merged"]["tau"])

@@ -12,7 +12,7 @@ import pytest
 import decoder.engine as engine
 from data.models import load_model
 from decoder.audit import ALGORITHMIC, NUMERIC, NUMERIC_MARGIN, classify, lossless_audit
-from decoder.engine import Generation
+from decoder.loop import Generation
 from decoder.harness import DecodeConfig, run_decode
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 

@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from data import benchmarks as B
-from data.benchmarks import (EXPECTED_COUNTS, Request, data_fingerprint, get_benchmark, list_benchmarks,
-                             load_requests, parse_api_call, render_plain)
+from data import benchfiles, toolbench
+from data.benchmarks import EXPECTED_COUNTS, get_benchmark, list_benchmarks, load_requests
 from data.errors import OilbirdError
+from data.request import Request, data_fingerprint, render_plain
+from data.toolbench import parse_api_call
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOOL_CALL = re.compile(r"<tool_call>\n(.+)\n</tool_call>", re.S)
@@ -20,7 +21,7 @@ TOOL_CALL = re.compile(r"<tool_call>\n(.+)\n</tool_call>", re.S)
 @pytest.fixture(scope="module")
 def shared():
     """The shared benchmark copies through data_root(); skip when they are not there."""
-    root = B.data_root()
+    root = benchfiles.data_root()
     missing = [name for name in ("apibank", "taubench-retail", "toolalpaca", "humaneval", "classeval", "gsm8k",
                                  "mtbench", "specbench") if not (root / name).is_dir()]
     if missing:
@@ -117,7 +118,7 @@ def test_apibank_references_are_tool_calls(apibank):
 
 
 def test_apibank_every_record_parses(shared, apibank):
-    records = B._apibank_records()
+    records = toolbench._apibank_records()
     assert len(records) == len(apibank)
     n_calls = 0
     for (lv, i, rec), req in zip(records, apibank):
@@ -125,7 +126,7 @@ def test_apibank_every_record_parses(shared, apibank):
         user = req.messages[1]["content"]
         history_calls = [line for line in rec["input"].splitlines() if line.startswith("API-Request:")]
         for line in history_calls:
-            call, result = B.split_api_request(line)
+            call, result = toolbench.split_api_request(line)
             assert parse_api_call(call) is not None and result is not None, line
         # every earlier call and its result made it into the prompt, as JSON
         calls = re.findall(r"<tool_call>\n(.*?)\n</tool_call>", user, re.S)
@@ -167,7 +168,7 @@ def test_taubench_steps(shared):
     assert [r.id for r in first_task] == [f"0-{k}" for k in range(len(tasks[0]["actions"]))]
     system = first_task[0].messages[0]["content"]
     assert system.startswith("# Retail agent policy")
-    assert all(f'\n{{"name": "{t}", "description": ' in system for t in B.TAU_TOOLS)
+    assert all(f'\n{{"name": "{t}", "description": ' in system for t in toolbench.TAU_TOOLS)
     for k, r in enumerate(first_task):
         call = json.loads(TOOL_CALL.fullmatch(r.reference).group(1))
         assert call == {"name": tasks[0]["actions"][k]["name"], "parameters": tasks[0]["actions"][k]["kwargs"]}
@@ -257,13 +258,13 @@ def test_parse_api_call_gives_up_gracefully(text):
 
 
 def test_split_and_observation():
-    call, result = B.split_api_request("API-Request: [F(a='x->y')]->{'k': 'v', 'n': [1, None]}")
+    call, result = toolbench.split_api_request("API-Request: [F(a='x->y')]->{'k': 'v', 'n': [1, None]}")
     assert (call, result) == ("[F(a='x->y')]", "{'k': 'v', 'n': [1, None]}")
-    assert B.render_observation(result) == '{"k": "v", "n": [1, null]}'
-    assert B.render_observation("success") == "success"
-    assert B.render_observation("3.5") == "3.5"
-    assert B.render_observation("'quoted'") == "quoted"
-    assert B.split_api_request("API-Request: [F()]") == ("[F()]", None)
+    assert toolbench.render_observation(result) == '{"k": "v", "n": [1, null]}'
+    assert toolbench.render_observation("success") == "success"
+    assert toolbench.render_observation("3.5") == "3.5"
+    assert toolbench.render_observation("'quoted'") == "quoted"
+    assert toolbench.split_api_request("API-Request: [F()]") == ("[F()]", None)
 
 
 def test_apibank_odd_records_never_crash(tmp_path, monkeypatch):
@@ -365,7 +366,7 @@ def test_offline_with_nothing_found_is_one_line(tmp_path, monkeypatch):
         calls.append(url)
         raise OSError("[Errno 101] Network is unreachable\nsecond line")
 
-    monkeypatch.setattr(B, "_download", offline)
+    monkeypatch.setattr(benchfiles, "_download", offline)
     for name in ("gsm8k", "apibank", "taubench-retail"):
         with pytest.raises(OilbirdError) as e:
             load_requests(name)
@@ -386,21 +387,21 @@ def test_download_fails_fast_once_offline(monkeypatch):
         tries.append(timeout)
         raise urllib.error.URLError("no route to host")
 
-    monkeypatch.setattr(B, "_offline_reason", None)
+    monkeypatch.setattr(benchfiles, "_offline_reason", None)
     monkeypatch.setattr(urllib.request, "urlopen", unreachable)
     for _ in range(3):
         with pytest.raises(OSError):
-            B._download("https://raw.githubusercontent.com/o/r/c/f")
-    assert tries == [B.DOWNLOAD_TIMEOUT_S]
+            benchfiles._download("https://raw.githubusercontent.com/o/r/c/f")
+    assert tries == [benchfiles.DOWNLOAD_TIMEOUT_S]
 
 
 def test_data_root_order(tmp_path, monkeypatch):
     monkeypatch.setenv("OILBIRD_DATA", str(tmp_path))
-    assert B.data_root() == tmp_path
+    assert benchfiles.data_root() == tmp_path
     monkeypatch.delenv("OILBIRD_DATA")
-    monkeypatch.setattr(B, "SHARED_BENCHMARKS", tmp_path / "nowhere")
+    monkeypatch.setattr(benchfiles, "SHARED_BENCHMARKS", tmp_path / "nowhere")
     monkeypatch.setenv("OILBIRD_CACHE", str(tmp_path / "c"))
-    assert B.data_root() == tmp_path / "c" / "benchmarks" == B.cache_dir()
+    assert benchfiles.data_root() == tmp_path / "c" / "benchmarks" == benchfiles.cache_dir()
 
 
 def test_download_into_cache_then_reuse(tmp_path, monkeypatch):
@@ -413,7 +414,7 @@ def test_download_into_cache_then_reuse(tmp_path, monkeypatch):
         urls.append(url)
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
-    monkeypatch.setattr(B, "_download", fake)
+    monkeypatch.setattr(benchfiles, "_download", fake)
     reqs = load_requests("mtbench")
     assert urls == ["https://raw.githubusercontent.com/lm-sys/FastChat/0e6d3e4beaab/"
                     "fastchat/llm_judge/data/mt_bench/question.jsonl"]
@@ -463,9 +464,9 @@ class T(Tool):
             return b"# Retail agent policy\n"
         return (tool_py % url.rsplit("/", 1)[1][:-3]).encode()
 
-    monkeypatch.setattr(B, "_download", fake)
+    monkeypatch.setattr(benchfiles, "_download", fake)
     reqs = load_requests("taubench-retail")
     assert [r.id for r in reqs] == ["0-0", "0-1"]
     assert reqs[1].reference == '<tool_call>\n{"name": "get_order_details", "parameters": {"order_id": "#W1"}}\n</tool_call>'
     tools = json.loads((tmp_path / "cache" / "benchmarks" / "taubench-retail" / "retail_tools.json").read_text())
-    assert [t["function"]["name"] for t in tools] == list(B.TAU_TOOLS)
+    assert [t["function"]["name"] for t in tools] == list(toolbench.TAU_TOOLS)

@@ -11,8 +11,9 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture import CaptureConfig, PrefixCache, capture, greedy_batch
+from data.capture import CaptureConfig, capture
 from data.errors import OilbirdError
+from data.greedy import PrefixCache, greedy_batch
 from data.models import LayerTap, default_capture_layer, encode_prompt, load_model
 from data.store import open_store
 from tests.conftest import STORY_PROMPTS, crash_on_call, write_jsonl
@@ -76,16 +77,16 @@ def test_batched_equals_batch1(kind, stories, tiny_dirs):
 def test_continuous_batching_reuses_and_grows_rows(stories, monkeypatch):
     """Both ways a request joins the batch: written into a finished request's row, and, when its
     prompt is longer than the batch, by left-padding the others; tokens still equal batch 1."""
-    import data.capture as cap
+    import data.greedy as greedy
 
-    kinds, real = [], cap._admit
+    kinds, real = [], greedy._admit
 
     def spy(cache, mask, row_cache, row_len, slot):
         if cache is not None:
             kinds.append("into free row" if slot is not None and row_len <= mask.shape[1] else "left-pad")
         return real(cache, mask, row_cache, row_len, slot)
 
-    monkeypatch.setattr(cap, "_admit", spy)
+    monkeypatch.setattr(greedy, "_admit", spy)
     text = [stories.tokenizer(t)["input_ids"] for t in STORY_PROMPTS]
     prompts = [text[0][:3], text[1][:4], text[2] + text[3] + text[4], text[3][:5], text[4][:3], text[0] + text[1] + text[2]]
     with LayerTap(stories.model, stories.layer) as tap:
@@ -164,9 +165,9 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS)
     whole = open_store(capture(_cfg(bench, tmp_path / "whole"), lm=stories))
 
-    import data.capture as cap
+    import data.greedy as greedy
 
-    real = crash_on_call(monkeypatch, cap, "_prefill", 4)
+    real = crash_on_call(monkeypatch, greedy, "_prefill", 4)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(bench, tmp_path / "crash", flush_every=2), lm=stories)
     path = next((tmp_path / "crash").rglob("traces"))
@@ -176,9 +177,9 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
     assert partial.n_requests == 2  # two committed, the third lost with the crash
 
     # A crash between the positions part and the requests.parquet commit leaves an orphan part.
-    import data.store as store_mod
+    import data.writer as writer_mod
 
-    real_write, state = store_mod.atomic_write_table, {"n": 0}
+    real_write, state = writer_mod.atomic_write_table, {"n": 0}
 
     def failing_write(p, table):
         if p.name == "requests.parquet":
@@ -187,8 +188,8 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
                 raise KeyboardInterrupt
         return real_write(p, table)
 
-    monkeypatch.setattr(cap, "_prefill", real)
-    monkeypatch.setattr(store_mod, "atomic_write_table", failing_write)
+    monkeypatch.setattr(greedy, "_prefill", real)
+    monkeypatch.setattr(writer_mod, "atomic_write_table", failing_write)
     with pytest.raises(KeyboardInterrupt):
         capture(_cfg(bench, tmp_path / "crash", flush_every=2), lm=stories)
     assert len(list(path.glob("positions-*.parquet"))) == 2  # the orphan is on disk

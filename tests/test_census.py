@@ -14,12 +14,15 @@ from hypothesis import strategies as st
 
 from census.__main__ import main
 from census.definitions import POSITION_COLUMNS, CensusConfig, CensusInput, Trace
-from census.index import PoolView, SuffixAutomaton
-from census.run import census_positions, run_census
-from census.stats import RequestBootstrap, proportion, wilson
+from census.index import PoolView
+from census.output import run_census
+from census.positions import census_positions
 from census.summary import summarize
+from data.automaton import SuffixAutomaton
 from data.errors import OilbirdError
-from data.store import StoreWriter, TraceRecord, store_dir
+from data.layout import store_dir
+from data.stats import RequestBootstrap, proportion, wilson
+from data.writer import StoreWriter, TraceRecord
 from tests.census_reference import compare, reference_census
 
 TOPK = 8
@@ -243,21 +246,21 @@ def test_adjacency_prefers_own_context_then_the_latest_pool_entry():
 def test_suffix_automaton_counts_match_a_scan():
     rng = np.random.default_rng(3)
     traces = [rng.integers(0, 3, int(rng.integers(1, 30))).tolist() for _ in range(6)]
-    sam = SuffixAutomaton(count_len=5)
+    sam = SuffixAutomaton(count_len=5, positions=False)
     for tr in traces:
-        sam.add_trace(tr)
+        sam.add_sequence(tr)
     for L in range(1, 6):
         for _ in range(40):
             v = rng.integers(0, 3, L).tolist()
             want = sum(1 for s in traces for i in range(len(s) - L + 1) if s[i:i + L] == v)
-            assert sam.count(v) == want
-    excl = SuffixAutomaton(count_len=5)
-    excl.add_trace(traces[2])
+            assert sam.occurrences(v) == want
+    excl = SuffixAutomaton(count_len=5, positions=False)
+    excl.add_sequence(traces[2])
     view = PoolView(sam, excl)
     v = traces[2][:2]
-    assert view.count(v) == sam.count(v) - excl.count(v)
+    assert view.count(v) == sam.occurrences(v) - excl.occurrences(v)
     with pytest.raises(ValueError):
-        sam.count([0] * 6)
+        sam.occurrences([0] * 6)
 
 
 # ---------------------------------------------------------------- intervals

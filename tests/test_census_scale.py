@@ -13,7 +13,9 @@ from hypothesis import strategies as st
 
 from census.__main__ import main
 from census.definitions import CensusConfig, CensusInput, Trace, build_entries
-from census.run import IndexedKey, census_positions, census_run, prepare
+from census.keys import IndexedKey
+from census.pool import prepare
+from census.positions import census_positions, census_run
 from data.budget import window_starts
 from data.errors import OilbirdError
 from data.store import open_store
@@ -108,10 +110,11 @@ def test_budget_in_megabytes_converts_at_the_exact_key_cost():
     traces = traffic(5, d=6)
     longest = max(len(t.output) for t in traces)
     tokens = 2 * longest
-    mb = tokens * (2 * 6 + 4) / 2 ** 20 * 1.0000001  # just over `tokens` tokens
+    per_token = 2 * 6 + 20  # float16 state, two int64 row pointers, the int32 token (data/budget.py)
+    mb = tokens * per_token / 2 ** 20 * 1.0000001  # just over `tokens` tokens
     cfg = CensusConfig(bootstrap=0, store_budget=f"{mb:.12f}MB")
     res = census_run(CensusInput.from_traces(traces), cfg)
-    assert res.pool["budget_tokens"] == tokens and res.pool["bytes_per_token"] == 2 * 6 + 4
+    assert res.pool["budget_tokens"] == tokens and res.pool["bytes_per_token"] == per_token
     check(traces, cfg)
 
 
@@ -200,7 +203,7 @@ def test_faiss_index_never_returns_the_present_the_future_or_a_twin(monkeypatch,
     assert returned > 0
     ix = res.index
     assert 0 <= ix["knn_recall"] <= 1 and ix["knn_sample"] > 0 and ix["gap_sample"] > 0
-    assert ix["bytes_per_state"] < 4 * d and ix["bytes_per_token"] < 2 * d + 4
+    assert ix["bytes_per_state"] < 4 * d and ix["bytes_per_token"] < 2 * d + 20
 
 
 def test_errors_are_one_useful_line():

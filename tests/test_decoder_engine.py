@@ -4,7 +4,6 @@ tests, tree verify against sequential forwards, and end-to-end losslessness of e
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import random
 
@@ -16,9 +15,11 @@ from hypothesis import given, settings, strategies as st
 
 from data.errors import OilbirdError
 from data.models import LayerTap, cache_kwargs, load_model
-from decoder.draft import ROOT, Draft
+from data.schema import prompt_hash
+from decoder.draft import ROOT, Draft, Drafter
 from decoder.engine import StopRule, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.audit import first_difference
+from decoder.drafters import DRAFTERS
 from decoder.harness import DecodeConfig, run_decode
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
@@ -284,7 +285,7 @@ def test_tree_verify_equals_sequential(kind, impl, tiny_dirs):
 
 # ------------------------------------------------------------------ test drafters
 
-class OracleDrafter:
+class OracleDrafter(Drafter):
     """Knows the greedy output of each prompt; proposes it with decoys placed before it, a wrong token at a
     random depth, and a branch that shares the true prefix then diverges (losslessness and compaction)."""
 
@@ -292,10 +293,10 @@ class OracleDrafter:
 
     def __init__(self, truth: dict[tuple, list[int]], vocab: int, seed: int = 0):
         self.truth, self.vocab, self.rng = truth, vocab, random.Random(seed)
-        self.pool: list[tuple[list[int], list[int], np.ndarray | None]] = []
+        self.pool: list[tuple[str, list[int], np.ndarray | None]] = []  # (prompt hash, output, states)
         self.observed = 0
 
-    def begin_request(self, prompt):
+    def begin_request(self, prompt, prompt_hash=None):
         self.prompt = list(prompt)
         self.answer = self.truth[tuple(prompt)]
 
@@ -321,20 +322,17 @@ class OracleDrafter:
         assert result.hidden.shape[0] == len(result.draft) + 1 == result.topk.shape[0]
         self.observed += 1
 
-    def end_request(self, prompt, output, hidden):
-        self.pool.append((list(prompt), list(output), hidden))
+    def add_trace(self, output, prompt_hash=None, hidden=None):
+        self.pool.append((prompt_hash, list(output), hidden))
 
 
-class RandomTreeDrafter:
+class RandomTreeDrafter(Drafter):
     """Random trees of random tokens (mostly rejected), full budget."""
 
     name = "randomtree"
 
     def __init__(self, vocab: int, seed: int = 0):
         self.vocab, self.rng = vocab, random.Random(seed)
-
-    def begin_request(self, prompt):
-        pass
 
     def propose(self, context, budget):
         d = Draft()
@@ -343,20 +341,11 @@ class RandomTreeDrafter:
             d.add_chain([self.rng.randrange(self.vocab)], "random", budget, attach=parent)
         return d
 
-    def observe(self, context, result):
-        pass
 
-    def end_request(self, prompt, output, hidden):
-        pass
-
-
-class CopyDrafter:
+class CopyDrafter(Drafter):
     """Copies the context's continuation after the previous occurrence of the anchor (a tiny PLD)."""
 
     name = "copy"
-
-    def begin_request(self, prompt):
-        pass
 
     def propose(self, context, budget):
         d = Draft()
@@ -366,12 +355,6 @@ class CopyDrafter:
                 d.add_chain(list(context[i + 1:i + 1 + budget]), "copy", budget)
                 break
         return d
-
-    def observe(self, context, result):
-        pass
-
-    def end_request(self, prompt, output, hidden):
-        pass
 
 
 def _truth(lm, prompts, stop):
@@ -387,7 +370,7 @@ def _story_prompts(lm, texts=STORY_PROMPTS):
 # ------------------------------------------------------------------ engine: stops, states, ar
 
 def test_ar_equals_capture_greedy(stories):
-    from data.capture import greedy_batch
+    from data.greedy import greedy_batch
 
     stop = stop_rule(stories, (), 40)
     with LayerTap(stories.model, stories.layer) as tap:
@@ -396,7 +379,7 @@ def test_ar_equals_capture_greedy(stories):
 
 
 def test_states_and_topk_equal_teacher_forced(stories):
-    from data.capture import teacher_forced
+    from data.teacher import teacher_forced
 
     stop = stop_rule(stories, (), 60)
     prompts = _story_prompts(stories)[:2]
@@ -458,16 +441,7 @@ def test_bad_drafts_are_refused(stories):
 
 # ------------------------------------------------------------------ harness end to end
 
-def _library_drafters() -> list[str]:
-    spec = importlib.util.find_spec("decoder.drafters")
-    if spec is None or spec.origin is None:
-        return []
-    from decoder.drafters import DRAFTERS
-
-    return [name for name in DRAFTERS if name != "ar"]
-
-
-LIBRARY = _library_drafters()
+LIBRARY = [name for name in DRAFTERS if name != "ar"]
 
 
 def _test_arms(lm, prompts, max_new):
@@ -485,7 +459,7 @@ def _repetitive_bench(tmp_path):
 
 
 def _check_run(summaries, out, bench, slug):
-    from data.store import store_dir
+    from data.layout import store_dir
 
     folder = store_dir(out, bench, slug).parent / "decode"
     for arm, s in summaries.items():
@@ -528,8 +502,7 @@ def test_harness_lossless_tiny_random(kind, tiny_dirs, tmp_path):
     _check_run(summaries, tmp_path / "runs", bench, lm.slug)
 
 
-@pytest.mark.skipif(not LIBRARY, reason="decoder/drafters (the DRAFTERS registry) does not exist yet")
-@pytest.mark.parametrize("arm", LIBRARY or ["none"])
+@pytest.mark.parametrize("arm", LIBRARY)
 def test_library_drafters_lossless_stories(arm, stories, tmp_path):
     bench = _repetitive_bench(tmp_path)
     cfg = DecodeConfig(bench=bench, model="stories260k", arms=("ar", arm), max_new_tokens=64,
@@ -538,7 +511,6 @@ def test_library_drafters_lossless_stories(arm, stories, tmp_path):
     _check_run(summaries, tmp_path / "runs", bench, "stories260k")
 
 
-@pytest.mark.skipif(not LIBRARY, reason="decoder/drafters (the DRAFTERS registry) does not exist yet")
 def test_warm_from_excludes_own_trace(stories, tmp_path):
     """A one-request benchmark warmed from a store holding only that request's own trace must draft exactly
     as with an empty pool: the trace shares the prompt, so no drafter may use it."""
@@ -578,9 +550,9 @@ def test_warm_from_feeds_the_pool(stories, tmp_path):
     pool = seen[0].pool
     assert len(pool) == 6 and summaries["oracle"]["warm_requests"] == 3  # 3 warm traces, then 3 served
     for r in range(3):
-        warm_prompt, warm_out, warm_hidden = pool[r]
-        served_prompt, served_out, served_hidden = pool[3 + r]
-        assert warm_prompt == served_prompt == st.prompt(r) and warm_out == served_out == st.tokens(r).tolist()
+        warm_key, warm_out, warm_hidden = pool[r]
+        served_key, served_out, served_hidden = pool[3 + r]
+        assert warm_key == served_key == prompt_hash(st.prompt(r)) and warm_out == served_out == st.tokens(r).tolist()
         # served states follow the store's convention and agree with the captured ones (float16 there)
         np.testing.assert_allclose(served_hidden, warm_hidden, rtol=5e-3, atol=5e-3)
     with pytest.raises(OilbirdError, match="no trace store"):

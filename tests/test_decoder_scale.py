@@ -12,15 +12,20 @@ import numpy as np
 import pytest
 
 from data.budget import window_starts
-from data.capture import CaptureConfig, capture, prompt_hash
+from data.capture import CaptureConfig, capture
+from data.layout import replay_dir
+from data.schema import prompt_hash
+from data.stateindex import unit
 from decoder.__main__ import main as decoder_main
+from decoder.draft import Drafter
 from decoder.drafters import make_drafter
 from decoder.drafters.pld import PoolNgramIndex
 from decoder.drafters.sam import AutomatonIndex, automaton_chains
-from decoder.drafters.semantic import SemanticPool, normalise
+from decoder.drafters.semantic import SemanticPool
 from decoder.harness import DecodeConfig, run_decode
 from decoder.pools import PoolSettings, TenantPools, merge_stats
-from decoder.replay import ReplayConfig, Trace, replay_arm, replay_dir, replay_request, run_replay
+from decoder.replay import ReplayConfig, replay_arm, run_replay
+from decoder.traces import Trace, replay_request
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -105,7 +110,7 @@ def test_tenant_pools_window_is_window_starts(seed):
     tenants = [str(t) for t in rng.integers(0, 3, R)]
     budget = int(rng.integers(max(lengths), 3 * max(lengths)))
 
-    class Held:  # a drafter that only remembers which requests it holds
+    class Held(Drafter):  # a drafter that only remembers which requests it holds
         def __init__(self):
             self.held = []
 
@@ -221,8 +226,7 @@ def test_budget_replay_equals_fresh_drafter_per_request(arm):
     for r, tr in enumerate(traces):
         d = make_drafter(arm, vocab_size=VOCAB, nodes=60)
         for q in range(starts[r], r):
-            d.end_request(traces[q].prompt, traces[q].tokens, None)
-        d.begin_request(tr.prompt, prompt_hash(tr.prompt))
+            d.add_trace(traces[q].tokens, prompt_hash(traces[q].prompt))
         assert _passes(replay_request(d, tr, 60, VOCAB)) == _passes(run.cycles[r]), (arm, r)
     assert run.pools["store_budget_tokens"] == budget and run.pools["evicted_traces"] == starts[-1]
     assert run.pools["max_pool_tokens"] == max(sum(lengths[starts[r]:r]) for r in range(len(traces))) <= budget
@@ -329,12 +333,12 @@ def test_faiss_pool_recall_by_brute_force():
     exact.exclude("b")
     queries = rng.standard_normal((40, d)).astype(np.float32)
     hits = total = 0
-    unit16 = normalise(states[:n - 1]).astype(np.float16).astype(np.float64)
+    unit16 = unit(states[:n - 1]).astype(np.float16).astype(np.float64)
     for j, q in enumerate(queries):
         s, rows = pool.query(q, 8)
         assert len(rows) == 8 and not ((rows >= 200) & (rows < 450)).any()  # the excluded group's range
         truth = exact.query(q, 8)[1]  # the reference: today's float16 exact pool over the same rows
-        sims = unit16 @ normalise(q).astype(np.float16).astype(np.float64)
+        sims = unit16 @ unit(q).astype(np.float16).astype(np.float64)
         sims[200:450] = -np.inf
         assert np.sort(sims)[-8:].min() >= np.sort(sims[truth]).min() - 2e-3  # ... which is the top 8
         if j % 8 == 0:  # the sampled queries

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from data.capture import prompt_hash
+from data.automaton import SuffixAutomaton
 from data.errors import OilbirdError
+from data.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import DRAFTERS, make_drafter
 from decoder.drafters.lexical import ADJACENCY, BRANCH, SPINE, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import RANK_PRIOR, AdjacencyTable, default_template
-from decoder.drafters.sam import AutomatonIndex, SuffixAutomaton, automaton_chains, automaton_match
+from decoder.drafters.sam import AutomatonIndex, automaton_chains, automaton_match
 from decoder.drafters.suffix import SuffixConfig, SuffixDrafter
 
 FAST = settings(max_examples=60, deadline=None)
@@ -220,10 +221,10 @@ def test_same_prompt_traces_are_never_drafted_from():
 @pytest.mark.parametrize("name", ["sam", "suffix", "lexical"])
 def test_finished_request_enters_pool_under_its_prompt_hash(name):
     d = make_drafter(name, vocab_size=16)
-    d.end_request([7, 7], [3, 4, 5], None)  # a warm trace, fed as the harness does
+    d.add_trace([3, 4, 5], prompt_hash([7, 7]))  # a warm trace, fed as the harness does
     d.begin_request([1, 2])
     d.propose([1, 2, 3, 4, 5], 10)
-    d.end_request([1, 2], [3, 4, 6], None)
+    d.add_trace([3, 4, 6], prompt_hash([1, 2]))
     d.begin_request([1, 2])  # the same prompt again: its own trace is skipped, the warm one is not
     assert root_paths(d.propose([1, 2, 3], 10)) == {(4,), (4, 5)}
     d.begin_request([7, 7])
@@ -541,7 +542,7 @@ def test_drafter_protocol_invariants(name):
             d.observe(context, VerifyResult(draft=draft, accepted_nodes=accepted, bonus=committed[-1],
                                             committed=committed, argmax=topk[:, 0], topk=topk, hidden=None))
             context.extend(committed)
-        d.end_request(prompt, context[len(prompt):], None)
+        d.add_trace(context[len(prompt):], prompt_hash(prompt))
 
 
 def test_make_drafter_errors():
@@ -590,7 +591,7 @@ def test_one_source_picks_semantic_below_the_match_threshold():
     assert draft.sources == [{"semantic"}] * 4
     ref = _one_source_frame("semantic-only", SHORT, NEAR)
     assert _same_tree(draft, ref.propose(SHORT, 60))
-    assert (d.counters["chose_semantic"], d.counters["chose_lexical"], d.counters["key_queries"]) == (1, 0, 1)
+    assert (d.tally["chose_semantic"], d.tally["chose_lexical"], d.tally["key_queries"]) == (1, 0, 1)
     assert sorted(d._bought) == [0, 1, 2, 3]  # self-calibration judges the key on the nodes it proposed
     # merged (oilbird), the same step holds both sources in one tree
     merged = _one_source_frame("oilbird", SHORT, NEAR).propose(SHORT, 60)
@@ -605,7 +606,7 @@ def test_one_source_picks_lexical_at_the_match_threshold():
     assert _same_tree(draft, build_lexical(d.index, d.table, 60, LexicalConfig()))
     assert draft.tokens == [35, 36, 37, 38, 39, 40, 41]
     assert draft.sources == [{SPINE}] * 5 + [{ADJACENCY}] * 2
-    assert (d.counters["chose_lexical"], d.counters["chose_semantic"], d.counters["key_queries"]) == (1, 0, 0)
+    assert (d.tally["chose_lexical"], d.tally["chose_semantic"], d.tally["key_queries"]) == (1, 0, 0)
 
 
 @pytest.mark.parametrize("threshold, source", [(0, "lexical"), (3, "lexical"), (4, "semantic"), (5, "semantic")])
@@ -614,7 +615,7 @@ def test_one_source_threshold_is_a_variant_field(threshold, source):
     assert d.config.one_source and d.config.one_source_min_match == threshold
     draft = d.propose(SHORT, 60)
     want = {"lexical": [33, 34, 35, 36, 37, 38, 39, 40, 41], "semantic": [36, 37, 38, 39]}
-    assert draft.tokens == want[source] and d.counters[f"chose_{source}"] == 1
+    assert draft.tokens == want[source] and d.tally[f"chose_{source}"] == 1
 
 
 def test_one_source_exact_at_every_budget_and_fallbacks():
@@ -628,11 +629,11 @@ def test_one_source_exact_at_every_budget_and_fallbacks():
     d = _one_source_frame("oilbird-one-source", SHORT)
     d.h_t = None
     draft = d.propose(SHORT, 60)
-    assert _same_tree(draft, build_lexical(d.index, d.table, 60, LexicalConfig())) and d.counters["chose_lexical"] == 1
+    assert _same_tree(draft, build_lexical(d.index, d.table, 60, LexicalConfig())) and d.tally["chose_lexical"] == 1
     # the gate as in oilbird: no automaton match, adjacency only (Token Recycling's draft), the key never asked
     d = _one_source_frame("oilbird-one-source", [1, 2, 50])
     draft = d.propose([1, 2, 50], 60)
-    assert draft.tokens == [40, 41] and d.counters["gated"] == 1 and d.counters["key_queries"] == 0
+    assert draft.tokens == [40, 41] and d.tally["gated"] == 1 and d.tally["key_queries"] == 0
 
 
 def test_one_source_bad_settings_are_one_line():

@@ -1,7 +1,7 @@
 """Every fault class a skeptical user tried, one test each: `python -m pytest -q tests/test_faults.py`.
 
 Kills: a real `python -m data capture` / `python -m census` subprocess on stories260k, SIGKILLed by
-the OILBIRD_FAULT hook (data/store.py fault_point) at a named moment:
+the OILBIRD_FAULT hook (data/files.py fault_point) at a named moment:
   - a plain capture killed at each of the four steps of a commit (after the part's write, after
     meta.json notes it as pending, after the commit point requests.parquet, after meta.json
     records it): readers refuse the store and say to rerun (never --force); rerunning resumes to a
@@ -43,12 +43,17 @@ import pytest
 
 from census.__main__ import main as census_main
 from census.definitions import CensusConfig
-from census.run import run_census
+from census.output import run_census
 from data.__main__ import main as data_main
 from data.capture import CaptureConfig, capture
 from data.errors import OilbirdError
+from data.layout import model_dir, model_slug, store_dir
 from data.models import encode_prompt, load_model
-from data.store import StoreWriter, _schema_difference, open_store, request_schema, store_dir, verify_store
+from data.schema import request_schema
+from data.store import open_store
+from data.storefile import _schema_difference
+from data.verify import verify_store
+from data.writer import StoreWriter
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -246,7 +251,7 @@ def test_census_mid_swap_kill_in_a_real_process(stories, bench, tmp_path):
     aside = [p for p in cdir.parent.iterdir() if p.name.endswith(".old")]
     assert len(aside) == 1 and _census_pair(aside[0]) == old
     # the next census first puts the old pair back (so a failure leaves it in place) and drops the new one
-    from census.run import _restore_or_clean
+    from census.output import _restore_or_clean
 
     _restore_or_clean(cdir)
     assert _census_pair(cdir) == old and not [p for p in cdir.parent.iterdir() if p.name.startswith(".census")]
@@ -364,6 +369,23 @@ def test_max_new_tokens_zero_is_refused(bench, tmp_path, capsys):
     code, err = _cli(data_main, ["capture", "--bench", bench, "--model", "stories260k", "--out", str(tmp_path),
                                  "--max-new-tokens", "0"], capsys)
     assert code == 2 and err == "error: --max-new-tokens must be at least 1 (got 0)"
+
+
+def test_path_components_that_leave_their_folder_are_refused(tmp_path):
+    """Issue 23: `--model /path/sub/..` gave the slug '..', and the store landed in runs/<bench>/traces
+    over another benchmark's; every runs/ path is built by data/layout.py, which refuses such a name."""
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    assert model_slug(f"{sub}/..") == ".."
+    for slug in ("", ".", "..", "a/b", model_slug(f"{sub}/..")):
+        with pytest.raises(OilbirdError, match="cannot name a folder") as e:
+            store_dir(tmp_path, "apibank", slug)
+        assert "\n" not in str(e.value)
+    for bench in ("", ".", ".."):
+        with pytest.raises(OilbirdError, match="cannot name a folder"):
+            model_dir(tmp_path, bench, "stories260k")
+    assert store_dir(tmp_path, "tau:retail/x", "m") == tmp_path / "tau_retail_x" / "m" / "traces"
+    assert not list(tmp_path.rglob("traces"))  # nothing was made
 
 
 def test_lone_surrogate_is_one_line(tmp_path, capsys):

@@ -1,4 +1,4 @@
-"""What a GPU user runs, checked as far as a CPU allows (docs/gpu.md): the CUDA install line, the device
+"""What a GPU user runs, checked as far as a CPU allows (docs/install.md): the CUDA install line, the device
 and dtype a stage picks, and a bfloat16 capture (the CUDA default) through the state tap, the store and
 the census."""
 
@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from census.definitions import CensusConfig
-from census.run import run_census
+from census.output import run_census
 from data.capture import CaptureConfig, capture
 from data.errors import OilbirdError
 from data.models import LayerTap, load_model, pick_device, pick_dtype

@@ -13,7 +13,8 @@ import data.benchmarks as benchmarks
 import data.models
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
-from data.store import current_summary, read_meta, store_dir, store_fingerprint
+from data.layout import store_dir
+from data.store import current_summary, read_meta, store_fingerprint
 from decoder.__main__ import main as decoder_main
 from tests.conftest import STORY_PROMPTS, write_jsonl
 

@@ -12,7 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from data.capture import prompt_hash
+from data.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import PRESETS, arm_names, make_drafter
 from decoder.drafters.lexical import LexicalConfig, build_lexical
@@ -147,7 +147,7 @@ def test_budget_accounting_lexical_part_and_key_chain():
     n = len(lex)
     assert draft.tokens[:n] == lex.tokens and draft.parents[:n] == lex.parents  # the lexical tree comes first
     assert len(draft) <= n + 16 and len(draft) <= 60
-    assert drafter.counters["key_queries"] == 1 and drafter.counters["key_fired"] == 1
+    assert drafter.tally["key_queries"] == 1 and drafter.tally["key_fired"] == 1
     # the key's chain x[1+2:] = 33 .. 39 equals the spine: walked and credited, nothing bought
     spine_nodes = draft.path_to(draft.child(draft.child(ROOT, 33), 34))
     assert all(SEMANTIC in draft.sources[i] for i in spine_nodes)
@@ -167,7 +167,7 @@ def test_budget_accounting_lexical_part_and_key_chain():
 def test_no_semantic_never_queries_and_keeps_the_reserve():
     drafter, prompt = _frame_drafter(semantic=False)
     draft = drafter.propose(prompt, 60)
-    assert drafter.counters["key_queries"] == 0 and not any(SEMANTIC in s for s in draft.sources)
+    assert drafter.tally["key_queries"] == 0 and not any(SEMANTIC in s for s in draft.sources)
     lex = build_lexical(drafter.index, drafter.table, 44, LexicalConfig())
     assert draft.tokens[:len(lex)] == lex.tokens
 
@@ -182,18 +182,18 @@ def test_gate():
     drafter.table.update([50], np.array([[41, 42, -1, -1, -1, -1, -1, -1]]))
     draft = drafter.propose(prompt, 60)
     assert sorted(draft.tokens) == [41, 42] and all(s == {"adjacency"} for s in draft.sources)
-    assert drafter.counters["key_queries"] == 0 and drafter.counters["gated"] == 1
+    assert drafter.tally["key_queries"] == 0 and drafter.tally["gated"] == 1
     # (b) a match but no adjacency successors: the lexical chains alone, whole budget
     drafter, prompt = _frame_drafter()
     drafter.table.table[32] = -1
     draft = drafter.propose(prompt, 60)
-    assert draft.chain_tokens(len(draft) - 1)[:1] == [33] and drafter.counters["key_queries"] == 0
+    assert draft.chain_tokens(len(draft) - 1)[:1] == [33] and drafter.tally["key_queries"] == 0
     assert draft.tokens == build_lexical(drafter.index, drafter.table, 60, LexicalConfig()).tokens
     # (c) neither: nothing drafted (one AR step)
     drafter, _ = _frame_drafter()
     drafter.begin_request([1, 2, 51])
     drafter.h_t = basis(d, 1)
-    assert len(drafter.propose([1, 2, 51], 60)) == 0 and drafter.counters["key_queries"] == 0
+    assert len(drafter.propose([1, 2, 51], 60)) == 0 and drafter.tally["key_queries"] == 0
     # semantic-only has no gate: the key drafts from the root where the lexical sources have nothing
     drafter, _ = _frame_drafter(host="none")
     drafter.begin_request([1, 2, 51])
@@ -228,12 +228,12 @@ def test_pld_pool_drafts_the_pool_chain_where_the_context_has_none():
     pld.begin_request(prompt)
     assert len(pld.propose(prompt, 60)) == 0
     d = make_drafter("pld+pool", vocab_size=100, nodes=60)
-    d.end_request([9, 9], trace, None)  # a finished request of another prompt
+    d.add_trace(trace, prompt_hash([9, 9]))  # a finished request of another prompt
     d.begin_request(prompt)
     draft = d.propose(prompt, 60)
     assert draft.tokens == [42, 43, 44, 45] and draft.parents == [ROOT, 0, 1, 2]  # "40 41" -> what followed
     assert all(src == {POOL} for src in draft.sources)
-    assert d.counters["gated"] == 0 and d.counters["host_pool_chains"] == 1 and d.counters["key_queries"] == 0
+    assert d.tally["gated"] == 0 and d.tally["host_pool_chains"] == 1 and d.tally["key_queries"] == 0
     # with prompt lookup matching too: its chain first, the pool's merged into B_ret (the longest n-gram wins)
     context = [7, 41, 8, 9, 40, 41]
     d.begin_request(context)
@@ -253,9 +253,9 @@ def test_pool_arms_never_draft_from_a_same_prompt_trace():
     prompt = [1, 2, 3, 40, 41]
     for arm in ("pld+pool", "recycling+pool"):
         d = make_drafter(arm, vocab_size=100, nodes=60)
-        d.end_request(prompt, [40, 41, 42, 43], None)  # this prompt's own earlier trace (warm or served)
+        d.add_trace([40, 41, 42, 43], prompt_hash(prompt))  # this prompt's own earlier trace (warm or served)
         d.begin_request(prompt)
-        assert len(d.propose(prompt, 60)) == 0 and d.counters["gated"] == 1, arm  # nothing else: one AR step
+        assert len(d.propose(prompt, 60)) == 0 and d.tally["gated"] == 1, arm  # nothing else: one AR step
         d.add_trace([41, 60, 61], prompt_hash([7, 7]))  # another prompt's trace is used
         draft = d.propose(prompt, 60)
         assert draft.tokens == [60, 61] and draft.sources == [{POOL}] * 2, arm
@@ -351,7 +351,7 @@ def test_rollouts_reach_the_draft_from_the_ring():
     draft = drafter.propose(prompt, 60)
     node = draft.child(draft.child(draft.child(ROOT, 70), 71), 72)
     assert node is not None and draft.sources[node] == {"rollout"}
-    assert drafter.counters["rollout_chains"] == 1
+    assert drafter.tally["rollout_chains"] == 1
 
 
 # ------------------------------------------------------------------ self-calibration
@@ -389,7 +389,7 @@ def test_drafter_feeds_self_calibration():
     assert drafter.calibration.mutes == 1
     drafter.h_t = basis(16, 1)
     drafter.propose(prompt, 60)
-    assert drafter.counters["key_queries"] == 2 and drafter.calibration.skipped == 1
+    assert drafter.tally["key_queries"] == 2 and drafter.calibration.skipped == 1
 
 
 # ------------------------------------------------------------------ every arm through the protocol
@@ -421,9 +421,9 @@ def test_protocol_invariants_with_states(arm):
             context += committed
             states += [hidden[0]] + [hidden[1 + i] for i in accepted]
         output = context[len(prompt):]
-        drafter.end_request(prompt, output, np.stack(states[: len(output)]))
+        drafter.add_trace(output, prompt_hash(prompt), np.stack(states[: len(output)]))
         served += len(output)
-    assert drafter.stats()["pool_tokens"] == served
+    assert drafter.counters()["pool_tokens"] == served
     assert PRESETS.get(arm, ("oilbird",))[0] == "oilbird" and drafter.name == arm
 
 
@@ -502,7 +502,7 @@ def _serve(drafter, truths, prompts, state, d, nodes=60):
             passes += 1
         hid = np.zeros((len(out), d), np.float32)
         hid[: len(out) - 1] = np.stack(rows[: len(out) - 1])
-        drafter.end_request(prompt, out, hid)
+        drafter.add_trace(out, prompt_hash(prompt), hid)
         tokens += len(out)
     return tokens / passes, sole
 
@@ -515,13 +515,13 @@ def test_constructed_tool_traffic_key_fires_and_pays():
         drafters[arm] = make_drafter(arm, vocab_size=VOCAB, nodes=60)
         truths_, prompts_, state_, _ = _tool_traffic()  # the same traffic, the same noise, per arm
         taus[arm], sole[arm] = _serve(drafters[arm], truths_, prompts_, state_, d)
-    stats = drafters["oilbird"].stats()
+    stats = drafters["oilbird"].counters()
     assert stats["key_fired"] > 0 and stats["key_nodes"] > 0 and sole["oilbird"] > 0
     assert taus["oilbird"] > 1.2 * taus["oilbird-no-semantic"], taus  # measured 1.93 vs 1.45
     assert taus["oilbird-no-semantic"] >= taus["lexical"] - 0.05, taus
-    assert drafters["oilbird-no-semantic"].stats()["key_queries"] == 0 and sole["oilbird-no-semantic"] == 0
+    assert drafters["oilbird-no-semantic"].counters()["key_queries"] == 0 and sole["oilbird-no-semantic"] == 0
     # one similarity per trace cannot tell the five commas apart; one per position can
-    assert drafters["oilbird-request-key"].stats()["key_fired"] > 0
+    assert drafters["oilbird-request-key"].counters()["key_fired"] > 0
     assert taus["oilbird"] > 1.2 * taus["oilbird-request-key"], taus
     assert taus["semantic-only"] > 2 * taus["semantic-null"] == 2.0, taus  # the null control drafts nothing here
     assert taus["pld+key"] > 1.2 * taus["pld"] and taus["recycling+key"] > 1.2 * taus["recycling"], taus
@@ -540,7 +540,7 @@ def test_constructed_tool_traffic_transplant_ladder():
     for host in ("pld", "recycling"):
         assert taus[f"{host}+pool"] > 1.1 * taus[host], taus
         assert taus[f"{host}+key"] > taus[f"{host}+pool"], taus
-        pool = drafters[f"{host}+pool"].stats()
+        pool = drafters[f"{host}+pool"].counters()
         assert pool["host_pool_chains"] > 0 and pool["key_queries"] == 0 and pool["rollout_chains"] == 0
 
 
@@ -621,7 +621,7 @@ def test_warm_pool_same_prompt_is_never_a_neighbour():
     drafter = OilbirdDrafter(64, 60)
     prompt = [1, 2, 3]
     hidden = np.stack([basis(8, i) for i in range(4)] + [np.zeros(8)])
-    drafter.end_request(prompt, [10, 11, 12, 13, 14], hidden)  # a warm trace of this very prompt
+    drafter.add_trace([10, 11, 12, 13, 14], prompt_hash(prompt), hidden)  # a warm trace of this very prompt
     drafter.begin_request(prompt)
     assert drafter.pool.query(basis(8, 1), 8)[0].size == 0
     drafter.begin_request([1, 2, 4])

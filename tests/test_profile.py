@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from data.errors import OilbirdError
-from decoder.profile import (DEFAULT_CONTEXTS, CostModel, clip_contexts, contexts_from_store, default_profile_path,
-                             measure_profile, profile_main)
+from data.layout import default_profile_path
+from decoder.profile import (DEFAULT_CONTEXTS, CostModel, clip_contexts, contexts_from_store, measure_profile,
+                             profile_main)
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture import (CaptureConfig, ReferencePrefixCache, capture, reference_tokens, teacher_forced,
-                          teacher_forced_cached)
+from data.capture import CaptureConfig, capture
 from data.errors import OilbirdError
 from data.models import LayerTap, encode_prompt, load_model
-from data.store import open_store, verify_store
+from data.store import open_store
+from data.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
+from data.verify import verify_store
 from tests.conftest import crash_on_call
 
 SYS_A = ("You are the librarian of a small town. You know every book on the shelves and you answer in "
@@ -316,7 +317,7 @@ def test_cli_prefix_cache_flags(stories, conv_bench, tmp_path, capsys, monkeypat
 
 
 def test_reference_tokens_end_with_eos(stories):
-    from data.benchmarks import Request
+    from data.request import Request
 
     req = Request(id="x", group="x", messages=({"role": "user", "content": "Hi"},), reference="A cat.")
     toks = reference_tokens(stories, req)

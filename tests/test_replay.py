@@ -12,13 +12,14 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.capture import CaptureConfig, capture
+from data.layout import replay_dir
 from data.models import load_model
 from decoder.__main__ import main as decoder_main
 from decoder.draft import ROOT
 from decoder.drafters import make_drafter
 from decoder.harness import DecodeConfig, run_decode
-from decoder.replay import (ReplayConfig, StoreRows, Trace, exactness, replay_dir, run_replay, store_topk,
-                            truth_argmax)
+from decoder.replay import ReplayConfig, run_replay
+from decoder.traces import StoreRows, Trace, exactness, store_topk, truth_argmax
 from decoder.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -246,7 +247,7 @@ def test_semantic_arm_needs_states(small_store, tmp_path, capsys):
                                                         mask=pa.array(np.ones(t.num_rows, bool)))
         t = t.set_column(t.schema.get_field_index("hidden"), "hidden", null_hidden)
         pq.write_table(t, part)
-    from data.store import record_checksums
+    from data.writer import record_checksums
 
     record_checksums(store.path)  # a deliberate edit: re-record the checksums, or the store reads as damaged
     code, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(out2), "--arms", "oilbird"], capsys)

@@ -18,8 +18,13 @@ import numpy as np
 import polars as pl
 import pytest
 
+from decoder.verdict import RULE, verdict
+from reports.benchmark_page import audit_cell, result_page
 from reports.case_viewer import CATEGORIES, TokenText, categories, load_token_text, pick_cases
-from reports.render import page_name, recall_curve, recommendation, render_site, result_page, write_site
+from reports.census_sections import recall_curve
+from reports.decision import DECISION_CSS, DECISION_TEXT
+from reports.links import page_name
+from reports.render import render_site, write_site
 from reports.results import find_results, sole_source_share, wilson
 
 SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -264,7 +269,7 @@ def test_census_page_states_the_numbers(toy_page):
     # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and the verdict; live
     # results without a replay have no paired gain, so decoder.verdict cannot say "enable" on them
     assert "2.50×" in text and "30.0%" in text and "3 of 10" in text
-    assert "Verdict: neutral: the semantic source neither clearly pays nor clearly costs" in text
+    assert decision_of(page)[0] == "neutral" and f"Verdict: {DECISION_TEXT['neutral']}." in text
     assert "kept from enable: no paired tau gain interval" in text
     assert "python -m decoder replay --bench toy --model toy-model" in text
 
@@ -391,7 +396,7 @@ def test_odd_summary_values_render_as_not_available(tmp_path):
         assert_offline(page)
 
 
-def test_sole_source_share_and_recommendation(tmp_path):
+def test_sole_source_share_and_decision_class(tmp_path):
     runs = make_runs(tmp_path)
     arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
     got = sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet")
@@ -404,13 +409,17 @@ def test_sole_source_share_and_recommendation(tmp_path):
     # an arm without the semantic source has no share
     lex = runs / "toy" / "toy-model" / "decode" / "lexical"
     assert sole_source_share(json.loads((lex / "summary.json").read_text()), lex / "cycles.parquet") is None
-    # one rule (decoder.verdict): without a paired gain interval a share alone never enables
-    assert recommendation(0.12)[0] == "neutral" and recommendation(0.05)[0] == "neutral"
-    assert recommendation(0.12, [1.01, 1.1])[0] == "enable" and recommendation(0.09, [1.01, 1.1])[0] == "enable"
-    assert recommendation(0.01)[0] == "off" and recommendation(0.12, [0.9, 0.99])[0] == "off"
+    # one rule (decoder.verdict), one callout class per decision: without a paired gain interval a share alone
+    # never enables
+    def callout(share, gain=None):
+        return DECISION_CSS[verdict(share, None, gain).decision]
+
+    assert callout(0.12) == "neutral" and callout(0.05) == "neutral"
+    assert callout(0.12, [1.01, 1.1]) == "enable" and callout(0.09, [1.01, 1.1]) == "enable"
+    assert callout(0.01) == "off" and callout(0.12, [0.9, 0.99]) == "off"
     write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": 0.021})
     text = "".join(parse(render_one(runs)).text)
-    assert "2.10%" in text and "leave the semantic source off" in text
+    assert "2.10%" in text and DECISION_TEXT["leave off"] in text
     assert "oilbird 1.80× over ar, against 2.00× for the best other arm (lexical)" in text
 
 
@@ -428,7 +437,7 @@ EXACT_REASON = "token recycling's top-8 at rejected nodes is not in the store; t
 
 def replay_summary(arm: str, tau: float, share: float | None = None, gain: list | None = None,
                    speedup: float | None = 2.0, **extra) -> dict:
-    """A replay summary.json as `python -m decoder replay` writes it (README, "Replay")."""
+    """A replay summary.json as `python -m decoder replay` writes it (docs/replay.md)."""
     tokens = 67324
     s = {"kind": "replay", "arm": arm, "bench": "toy", "model": "toy-model", "model_fingerprint": "abc",
          "pool": "past", "nodes": 60, "requests": 534, "generated_tokens": tokens, "passes": round(tokens / tau),
@@ -492,9 +501,9 @@ def test_decision_block_enable(tmp_path):
     assert page.index('id="decision"') < page.index('id="decoder"')
     cls, text = decision_of(page)
     assert cls == "enable"
-    assert "Decision: enable the semantic source?" in text and "Verdict: enable the semantic source." in text
+    assert "Decision: enable the semantic source?" in text and f"Verdict: {DECISION_TEXT['enable']}." in text
     assert "strictly-past pool, 60 nodes, 534 requests" in text
-    assert "Rule (decoder/verdict.py): Enable the semantic source when" in text  # the rule, with its numbers
+    assert f"Rule (decoder/verdict.py): {RULE}" in text  # the rule, with its numbers
     assert "sole-source share 12.0% (95% interval 11.0–13.0%) is at or above the 9% line" in text
     # both definitions of the share, named, with intervals and counts
     assert "12.0% [11.0–13.0%] (8,079 of 67,324) of all committed tokens (bonus tokens included" in text
@@ -523,7 +532,7 @@ def test_decision_block_leave_off(tmp_path):
     page = render_one(runs)
     assert_offline(page)
     cls, text = decision_of(page)
-    assert cls == "off" and "Verdict: leave the semantic source off." in text
+    assert cls == "off" and f"Verdict: {DECISION_TEXT['leave off']}." in text
     assert "sole-source share 2.10% (95% interval 1.10–3.10%) is below the 3% line" in text
     assert "speedup 1.90× with the semantic source against 2.00× without: more than 2% slower" in text
     assert "tau ×0.990 [0.970–1.010]" in text
@@ -814,6 +823,11 @@ def test_sweep_sections_state_the_numbers(tmp_path):
     assert "sweep-index" in pages["toy__toy-model.html"] and "sweep-index" not in pages["index.html"]
 
 
+def section_ids(page: str) -> list[str]:
+    """The ids of the page's sections, in order."""
+    return [a["id"] for t, a in parse(page).tags if t == "section" and "id" in a]
+
+
 def test_sweep_sections_absent_without_their_files(tmp_path, toy_page):
     def silent(page):
         return ('id="sweep-' not in page and "Index compression" not in page and "bytes per state" not in page
@@ -821,11 +835,18 @@ def test_sweep_sections_absent_without_their_files(tmp_path, toy_page):
 
     assert silent(toy_page)
     runs = make_runs(tmp_path, decode=False)
+    base = section_ids(render_one(runs))
+    assert "threshold" in base and not {"sweep-index", "sweep-budget"} & set(base)
     (runs / "toy" / "toy-model" / "sweeps").mkdir()  # an empty sweeps/ folder says nothing either
-    assert silent(render_one(runs))
+    page = render_one(runs)
+    assert silent(page) and section_ids(page) == base
+    at = base.index("threshold") + 1  # the sweeps follow the threshold sweep
     write_sweeps(runs, budget=budget_sweep())  # one file: only its section
     page = render_one(runs)
     assert 'id="sweep-budget"' in page and 'id="sweep-index"' not in page
+    assert section_ids(page) == base[:at] + ["sweep-budget"] + base[at:]
+    write_sweeps(runs, index=index_sweep())  # the control: both files, both sections
+    assert section_ids(render_one(runs)) == base[:at] + ["sweep-index", "sweep-budget"] + base[at:]
 
 
 def test_sweep_text_is_escaped(tmp_path):
@@ -1162,7 +1183,17 @@ def test_ablations_absent_without_file(tmp_path, toy_page):
     assert 'id="ablations"' not in toy_page and "transplant ladder" not in toy_page and "evidence" not in toy_page
     runs = make_runs(tmp_path, decode=False)
     (runs / "toy" / "toy-model" / "ablations").mkdir(parents=True)
-    assert set(site(runs)) == {"toy__toy-model.html", "grid.html", "index.html"}  # no replay, no file: no page
+    pages = site(runs)
+    assert set(pages) == {"toy__toy-model.html", "grid.html", "index.html"}  # no replay, no file: no page
+    main = pages["toy__toy-model.html"]
+    assert "evidence" not in main and 'id="ablations"' not in main
+    # the control: the file alone makes the evidence page, with its ablations section, linked from every page
+    write_ablations(runs, ablations_json())
+    pages = site(runs)
+    assert set(pages) == {"toy__toy-model.html", EVIDENCE, "grid.html", "index.html"}
+    assert "ablations" in section_ids(pages[EVIDENCE]) and "ablations" not in section_ids(pages["toy__toy-model.html"])
+    for name in ("toy__toy-model.html", "index.html", "grid.html"):
+        assert f'href="{EVIDENCE}"' in pages[name], name
 
 
 def test_ablation_text_is_escaped(tmp_path):
@@ -1424,10 +1455,8 @@ def test_headline_without_interval_is_not_established(tmp_path):
 
 def test_decoder_table_shows_mismatch_kinds():
     """The lossless cell names the audit's numeric and algorithmic counts and the dtype (decoder/audit.py)."""
-    from reports.render import _audit_cell
-
     exact = {"matched": 8, "requests": 8, "numeric": 0, "algorithmic": 0, "dtype": "float32", "mismatches": []}
-    assert _audit_cell(exact) == "8/8"
+    assert audit_cell(exact) == "8/8"
     mixed = {**exact, "matched": 5, "numeric": 3, "dtype": "bfloat16", "mismatches": [{}, {}, {}]}
-    assert _audit_cell(mixed) == "5/8 (3 numeric, 0 algorithmic, bfloat16)"
-    assert _audit_cell({"matched": 4, "requests": 4}) == "4/4" and _audit_cell(None) == "n/a"
+    assert audit_cell(mixed) == "5/8 (3 numeric, 0 algorithmic, bfloat16)"
+    assert audit_cell({"matched": 4, "requests": 4}) == "4/4" and audit_cell(None) == "n/a"

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.budget import LOW_WATER, check_budget, parse_budget, pool_tokens, window_starts
+from data.budget import (LOW_WATER, bytes_per_token, check_budget, parse_budget, pool_tokens, state_bytes,
+                         window_starts)
 from data.errors import OilbirdError
 from data.stateindex import StateIndex, check_trainable, parse_index_spec
 
@@ -173,3 +174,29 @@ def test_split_specs_joins_what_can_follow():
     assert split_specs("exact,sq8,pq64,pca128,pca128,sq8,ivf256,pq64,nprobe=8,pq64x4fs") == [
         "exact", "sq8", "pq64", "pca128", "pca128,sq8", "ivf256,pq64,nprobe=8", "pq64x4fs"]
     assert split_specs("hnsw32,sq8,efsearch=32;pca64;pq8") == ["hnsw32,sq8,efsearch=32", "pca64", "pq8"]
+
+
+@pytest.mark.parametrize("spec", ["exact", "flat", "sq8", "sq4", "fp16", "pq8", "pq8x4fs", "pca16,sq8",
+                                  "opq8,pq8", "ivf4,pq8", "ivf4,sq8"])
+def test_bytes_per_token_is_what_a_pool_of_n_states_holds(spec):
+    """The one bytes-per-token (data/budget.py) against the bytes a pool of N tokens actually holds:
+    what N more states add to the index's serialized size (float16 rows for exact), the two int64
+    row pointers and the int32 token of each."""
+    d, n = 32, 1024  # n: a whole number of fast-scan blocks of 32
+    rng = np.random.default_rng(5)
+    states = rng.standard_normal((2 * n, d)).astype(np.float32)
+    parsed = parse_index_spec(spec, d)
+    if parsed.exact:
+        held = states[n:].astype(np.float16).nbytes
+    else:
+        index = StateIndex(parsed, d, train_size=n)
+        index.add(states[:n], np.arange(n))
+        before = len(index.faiss.serialize_index(index.index))
+        index.add(states[n:], np.arange(n, 2 * n))
+        assert index.trained and index.ntotal == 2 * n
+        held = len(index.faiss.serialize_index(index.index)) - before
+    assert held / n == state_bytes(parsed, d)
+    pointers, tokens = np.zeros((n, 2), np.int64), np.zeros(n, np.int32)  # the pool's other per-token arrays
+    assert (held + pointers.nbytes + tokens.nbytes) / n == bytes_per_token(parsed, d)
+    if parsed.exact:
+        assert bytes_per_token(parsed, d) == 2 * d + 20

@@ -1,4 +1,4 @@
-"""Store format 2 (data/store.py docstring): no null row in a fixed-size-list column, a validity
+"""Store format 2 (data/schema.py docstring): no null row in a fixed-size-list column, a validity
 column instead; stores of format 1 (null rows) still open, under pyarrow < 26 through a fallback or
 one line naming `python -m data migrate`, which rewrites them in format 2.
 
@@ -17,6 +17,8 @@ from __future__ import annotations
 import hashlib
 import json
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +28,14 @@ import pyarrow.parquet as pq
 import pytest
 
 import data.migrate as migrate_mod
-import data.store as store_mod
+import data.storefile as storefile_mod
 from data.__main__ import main as data_main
 from data.errors import OilbirdError
-from data.store import (NULL_ROW_ERROR, STORE_FORMAT, TOPK, VALIDITY, StoreWriter, TraceRecord, open_store,
-                        position_parts, record_checksums, verify_store)
+from data.schema import PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, VALIDITY, prompt_hash
+from data.store import open_store, position_parts
+from data.storefile import NULL_ROW_ERROR
+from data.verify import verify_store
+from data.writer import StoreWriter, TraceRecord, record_checksums
 
 GOLDEN = Path(__file__).parent / "golden" / "store-format1"
 D = 16
@@ -50,7 +55,7 @@ def golden_records(d: int = D) -> list[TraceRecord]:
         valid = np.arange(n) < n - 1
         prompt = [1 + r, 5, 9 + r]
         records.append(TraceRecord(
-            request=r, id=f"r{r}", group="g", prompt_hash=store_mod.prompt_hash(prompt), prompt_tokens=prompt,
+            request=r, id=f"r{r}", group="g", prompt_hash=prompt_hash(prompt), prompt_tokens=prompt,
             output_tokens=[int(t) for t in (np.arange(n) * 3 + r) % 90 + 3], stop_reason="length", seconds=0.5,
             hidden=hidden, hidden_valid=valid, topk=topk,
             prompt_last_hidden=np.cos(np.arange(d) + r).astype(np.float16),
@@ -62,7 +67,7 @@ def write_store(path: Path, records: list[TraceRecord], d: int = D, per_part: in
     meta = dict(model="synthetic", model_fingerprint="fp", layer=1, n_layers=1, d_model=d, dtype="float32",
                 tokenizer_hash="t", chat_template_hash="c", bench="b", data_fingerprint="f", mode="generate",
                 max_new_tokens=8, versions={}, created="2026-01-01T00:00:00", vocab_size=100,
-                prompt_hash_scheme=store_mod.PROMPT_HASH_SCHEME)
+                prompt_hash_scheme=PROMPT_HASH_SCHEME)
     w = StoreWriter(path, meta)
     for i in range(0, len(records), per_part):
         w.append(records[i:i + per_part])
@@ -238,7 +243,7 @@ def test_golden_format1_store_is_what_to_format1_writes(tmp_path):
     """Guards the golden copy against drift: to_format1 of today's writer gives the same tables."""
     path = to_format1_store(tmp_path)
     for f in ["requests.parquet", *[p.name for p in position_parts(path)]]:
-        read = store_mod._read_table  # pyarrow's reader, or the fallback where pyarrow cannot read null rows
+        read = storefile_mod._read_table  # pyarrow's reader, or the fallback where pyarrow cannot read null rows
         assert read(path / f, None).equals(read(GOLDEN / f, None)), f
 
 
@@ -255,8 +260,8 @@ def _break_pyarrow(monkeypatch, version_known: bool = False):
     `version_known`, the reader also knows it runs on such a pyarrow (it then sends a format-1 file
     to the fallbacks without trying)."""
     if version_known:
-        monkeypatch.setattr(store_mod, "PYARROW_READS_NULL_ROWS", False)
-    real = store_mod._read_arrow
+        monkeypatch.setattr(storefile_mod, "PYARROW_READS_NULL_ROWS", False)
+    real = storefile_mod._read_arrow
 
     def read(source):
         table = real(source)
@@ -266,7 +271,7 @@ def _break_pyarrow(monkeypatch, version_known: bool = False):
             raise pa.ArrowInvalid(f"{NULL_ROW_ERROR}{D} but index 1 had size=0")
         return table
 
-    monkeypatch.setattr(store_mod, "_read_arrow", read)
+    monkeypatch.setattr(storefile_mod, "_read_arrow", read)
 
 
 @pytest.mark.parametrize("version_known", [False, True], ids=["after-a-failed-read", "without-a-try"])
@@ -437,3 +442,15 @@ def test_resuming_a_format1_store_writes_format2_parts(old_store, new_store):
     np.testing.assert_array_equal(st.hidden[:15], open_store(new_store).hidden)
     assert migrate_mod.migrate_store(old_store).startswith("migrated")
     assert verify_store(old_store).startswith("OK")
+
+
+def test_prompt_hash_pulls_no_model_code():
+    """Drafters take prompt_hash from data.schema; importing it must load neither transformers nor torch
+    (it once came through data.capture, which loads models)."""
+    code = ("import sys; from data.schema import prompt_hash; "
+            "assert 'transformers' not in sys.modules, 'transformers'; assert 'torch' not in sys.modules, 'torch'; "
+            "print(prompt_hash([1, 2, 3]))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == hashlib.sha256(np.asarray([1, 2, 3], np.int32).tobytes()).hexdigest()[:16]

@@ -13,11 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.__main__ import main as data_main
-from data.benchmarks import Request, data_fingerprint, load_requests
+from data.benchmarks import load_requests
 from data.capture import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.store import (TraceRecord, _schema_difference, open_store, record_checksums, records_to_tables,
-                        request_schema, verify_store)
+from data.request import Request, data_fingerprint
+from data.schema import request_schema
+from data.store import open_store
+from data.storefile import _schema_difference
+from data.verify import verify_store
+from data.writer import TraceRecord, record_checksums, records_to_tables
 from tests.conftest import STORY_PROMPTS
 
 TENANTS = ["acme", None, "globex", "acme"]  # None: the line has no "tenant"

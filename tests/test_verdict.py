@@ -1,4 +1,5 @@
-"""decoder/verdict.py: the one rule that decides whether to enable the semantic source, branch by branch."""
+"""decoder/verdict.py: the one rule that decides whether to enable the semantic source, branch by branch; and
+decoder/policy.py: its thresholds, the arms the decision names, and the target rule."""
 
 from __future__ import annotations
 
@@ -6,7 +7,9 @@ import math
 
 import pytest
 
-from decoder.verdict import DECISIONS, ENABLE_SHARE, OFF_SHARE, RULE, SPEED_MARGIN, Verdict, verdict
+from decoder.policy import (DECISION_ARMS, ENABLE_SHARE, LEXICAL_ARMS, OFF_ARM, OFF_SHARE, ON_ARM, SPEED_MARGIN,
+                            TARGET_RULE, TARGET_STATUSES, target_status)
+from decoder.verdict import DECISIONS, RULE, Verdict, verdict
 
 GAIN_UP = [1.01, 1.07]  # clearly above 1
 GAIN_FLAT = [0.98, 1.03]  # includes 1
@@ -121,3 +124,31 @@ def test_malformed_numbers_count_as_missing(bad):
     assert verdict(bad, None, GAIN_UP).decision == "neutral"
     v = verdict(0.12, bad, GAIN_UP, bad, 2.0)  # a bad share interval is left out; a bad speedup skips the check
     assert v.decision == "enable" and "interval" not in v.reasons[0]
+
+
+# ---------------------------------------------------------------- decoder/policy.py: arms and the target rule
+
+def test_policy_arms():
+    assert (ON_ARM, OFF_ARM) == ("oilbird", "oilbird-no-semantic")
+    assert DECISION_ARMS == ("suffix", "lexical", "oilbird", "oilbird-no-semantic")
+    assert LEXICAL_ARMS == ("suffix", "sam", "lexical", "recycling", "pld")
+    assert TARGET_RULE == ("tau(oilbird) ≥ 1.25× the best lexical arm's, with the paired 95% interval's lower end "
+                           "above 1")
+
+
+@pytest.mark.parametrize("ratio,interval,status", [
+    (1.3, [1.1, 1.5], "met"),
+    (1.25, [1.0001, 1.5], "met"),  # the ratio line is inclusive
+    (1.2499, [1.1, 1.5], "not met"),  # short of the line, even with a clear gain
+    (1.3, [1.0, 1.6], "not met"),  # the lower end must be above 1
+    (1.3, [0.95, 1.6], "not met"),
+    (1.3, None, "not established"),  # above the line, but no paired interval (--bootstrap 0)
+    (1.1, None, "not met"),  # below the line needs no interval
+    (1.3, [1.1], "not established"),  # a malformed interval is no interval
+    (1.3, [math.nan, 1.5], "not established"),
+    (None, [1.1, 1.5], "not established"),
+    (math.nan, None, "not established"),
+])
+def test_target_status(ratio, interval, status):
+    assert status in TARGET_STATUSES
+    assert target_status(ratio, interval) == status

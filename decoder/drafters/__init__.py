@@ -1,16 +1,16 @@
-"""The training-free drafters, one per arm, behind the `Drafter` protocol of `decoder.draft`.
+"""The training-free drafters, one per arm, each a `decoder.draft.Drafter` (the one contract).
 
-Every drafter is a thin class around pure functions in its module and offers, beyond the protocol:
+Every drafter is a thin class around pure functions in its module; on the contract's methods:
   - `begin_request(prompt, prompt_hash=None)`: pool traces added under the same prompt hash
-    (default: `data.capture.prompt_hash(prompt)`) are never drafted from during this request; the
+    (default: `data.schema.prompt_hash(prompt)`) are never drafted from during this request; the
     automaton arms exclude them at match time (see `sam.AutomatonIndex`), the +pool arms
     likewise (`pld.PoolNgramIndex`);
-  - `add_trace(output_tokens, prompt_hash=None)`: put a finished trace in the pool (None: never
-    excluded). `end_request(prompt, output, hidden)` is add_trace(output, prompt_hash(prompt)),
-    so a `--warm-from` store fed through end_request is keyed like served requests;
-  - `evict_traces(count)`: forget the oldest `count` pooled traces (one per end_request / add_trace,
-    empty ones included), the --store-budget window (decoder/pools.py); state that is not a trace
-    pool (the adjacency table, bounded by the vocabulary; the ring buffer, by its capacity) stays.
+  - `add_trace(output, prompt_hash=None, hidden=None)`: put a finished trace in the pool (None: never
+    excluded); the request runner (decoder/loop.py) keys served and `--warm-from` traces alike by
+    their prompt's hash;
+  - `evict_traces(count)`: forget the oldest `count` pooled traces (one per add_trace, empty ones
+    included), the --store-budget window (decoder/pools.py); state that is not a trace pool (the
+    adjacency table, bounded by the vocabulary; the ring buffer, by its capacity) stays.
 
     make_drafter("lexical", vocab_size=lm.vocab_size, nodes=60, adjacency_reserve=16)
 
@@ -22,12 +22,10 @@ class under named presets: `ARM_PRESETS` maps an arm name to OilbirdConfig optio
 from __future__ import annotations
 
 import dataclasses
-from typing import Hashable, Sequence
-
-import numpy as np
+from typing import Sequence
 
 from data.errors import OilbirdError
-from decoder.draft import Draft
+from decoder.draft import Draft, Drafter
 from decoder.drafters.lexical import LexicalDrafter
 from decoder.drafters.oilbird import ARM_PRESETS, OilbirdDrafter
 from decoder.drafters.pld import PldDrafter
@@ -41,7 +39,7 @@ class NoConfig:
     pass
 
 
-class NullDrafter:
+class NullDrafter(Drafter):
     """Arm `ar`: drafts nothing, so every pass commits exactly the model's own next token."""
 
     name = "ar"
@@ -50,23 +48,8 @@ class NullDrafter:
     def __init__(self, vocab_size: int, nodes: int = 60, config: NoConfig | None = None) -> None:
         self.vocab_size, self.nodes = vocab_size, nodes
 
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        pass
-
-    def evict_traces(self, count: int) -> None:
-        pass
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        pass
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         return Draft()
-
-    def observe(self, context: Sequence[int], result) -> None:
-        pass
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        pass
 
 
 DRAFTERS = {

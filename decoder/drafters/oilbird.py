@@ -15,7 +15,7 @@ One step, as deployed (every default is an `OilbirdConfig` field):
                  and credited, not bought) until B_ret new nodes are spent.
 The engine verifies the tree and commits the accepted path and the bonus token; `observe` takes h_t
 (the state at the last accepted node, or the anchor's: the state that predicted the bonus, uncorrected),
-feeds the adjacency table, the rejected-branch ring buffer and self-calibration; `end_request`
+feeds the adjacency table, the rejected-branch ring buffer and self-calibration; `add_trace`
 appends the finished trace's generated tokens and states to the pool (same-prompt traces are masked
 out of every query). The states come from the verification forwards (`VerifyResult.hidden`), never
 from an extra pass. `index` picks the key's index (exact float16 matrix by default, or a faiss spec,
@@ -79,8 +79,8 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from data.capture import prompt_hash as hash_prompt
-from decoder.draft import ROOT, Draft
+from data.schema import prompt_hash as hash_prompt
+from decoder.draft import ROOT, Draft, Drafter
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
@@ -183,7 +183,7 @@ def merge_candidates(draft: Draft, candidates: Sequence[tuple[Chain, str]], budg
     return costs
 
 
-class OilbirdDrafter:
+class OilbirdDrafter(Drafter):
     """All Oilbird arms: a host tree, the semantic key and the rejected-branch pool under one budget."""
 
     name = "oilbird"
@@ -218,19 +218,23 @@ class OilbirdDrafter:
         self._serial = 0  # requests begun
         self._bought: set[int] = set()  # draft nodes the key bought in the pending pass
         self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
-        self.counters = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
+        self.tally = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
                              rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0,
                              chose_lexical=0, chose_semantic=0)
 
     # ------------------------------------------------------------ the pool
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None,
+    def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None,
                   hidden: np.ndarray | None = None, key_state: np.ndarray | None = None) -> None:
+        """The trace enters every pool. The request-level key's state (`key_state`) defaults to this
+        request's first state when the trace is the request just served (its prompt hash)."""
+        if key_state is None and prompt_hash is not None and prompt_hash == self._prompt_hash:
+            key_state, self._first_state = self._first_state, None
         if self.index is not None:
-            self.index.add_trace(output_tokens, prompt_hash)
+            self.index.add_trace(output, prompt_hash)
         if self.host_pool is not None:
-            self.host_pool.add_trace(output_tokens, prompt_hash)
-        self.pool.add_trace(output_tokens, hidden, prompt_hash, key_state)
+            self.host_pool.add_trace(output, prompt_hash)
+        self.pool.add_trace(output, hidden, prompt_hash, key_state)
 
     def evict_traces(self, count: int) -> None:
         """--store-budget: the oldest `count` traces leave every pool (automaton, host pool, states);
@@ -246,12 +250,6 @@ class OilbirdDrafter:
         """Seconds of measurement-only work (the knn_recall shadow queries) inside propose: the pass
         loops leave them out of the drafting time."""
         return self.pool.shadow_s
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        h = hash_prompt(list(prompt))
-        key = self._first_state if h == self._prompt_hash else None
-        self.add_trace(output, h, hidden, key)
-        self._first_state = None
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         h = hash_prompt(list(prompt)) if prompt_hash is None else prompt_hash
@@ -292,14 +290,14 @@ class OilbirdDrafter:
         if not c.semantic or c.key_level == "null" or self.h_t is None or not self.calibration.allow():
             return []
         t0, shadow0 = time.perf_counter(), self.pool.shadow_s
-        self.counters["key_queries"] += 1
+        self.tally["key_queries"] += 1
         if c.key_level == "request":
             chains = self._request_key_chains(context)
         else:
             scores, rows = self.pool.query(self.h_t, c.k)
             chains = []
             if len(scores) and scores[0] >= c.theta:
-                self.counters["key_fired"] += 1
+                self.tally["key_fired"] += 1
                 if c.rank_depths is not None:
                     depths = c.rank_depths
                     depth = lambda s, r: depths[r] if r < len(depths) else 0  # noqa: E731
@@ -307,8 +305,8 @@ class OilbirdDrafter:
                     depth = lambda s, r: copy_depth(s, c.depth_schedule)  # noqa: E731
                 chains = semantic_chains(scores, self.pool.row_flat[rows], self.pool.row_end[rows], self.pool.tokens,
                                          depth, c.offset, c.min_chain)
-        self.counters["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
-        self.counters["key_chains"] += len(chains)
+        self.tally["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
+        self.tally["key_chains"] += len(chains)
         return chains
 
     def _request_key_chains(self, context: Sequence[int]) -> list[Chain]:
@@ -323,7 +321,7 @@ class OilbirdDrafter:
                 trace.sync(self.pool.trace_tokens(t))
                 self._selected.append(trace)
         if self._selected:
-            self.counters["key_fired"] += 1
+            self.tally["key_fired"] += 1
         chains, seen = [], set()
         depths = c.rank_depths or RANK_DEPTHS
         for rank, trace in enumerate(self._selected):
@@ -341,10 +339,10 @@ class OilbirdDrafter:
         if self.host_pool is None or max_copy <= 0:
             return []
         t0 = time.perf_counter()
-        self.counters["host_pool_queries"] += 1
+        self.tally["host_pool_queries"] += 1
         chain = self.host_pool.lookup(context, self.host_pool.max_ngram, max_copy, self._prompt_hash)
-        self.counters["host_pool_time_s"] += time.perf_counter() - t0
-        self.counters["host_pool_chains"] += bool(chain)
+        self.tally["host_pool_time_s"] += time.perf_counter() - t0
+        self.tally["host_pool_chains"] += bool(chain)
         return chain
 
     def _rollouts(self, anchor: int) -> list[Chain]:
@@ -355,13 +353,13 @@ class OilbirdDrafter:
         h, serial = self._prompt_hash, self._serial
         chains = self.ring.lookup(self.h_t, anchor, c.rollout_theta, c.rollouts,
                                   skip=lambda owner: owner is not None and owner[0] == h and owner[1] != serial)
-        self.counters["rollout_time_s"] += time.perf_counter() - t0
-        self.counters["rollout_chains"] += len(chains)
+        self.tally["rollout_time_s"] += time.perf_counter() - t0
+        self.tally["rollout_chains"] += len(chains)
         return chains
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         c = self.config
-        self.counters["passes"] += 1
+        self.tally["passes"] += 1
         self._bought = set()
         if self.index is not None:
             self.index.sync(context)
@@ -379,7 +377,7 @@ class OilbirdDrafter:
         draft, open_ = self._host(context, budget - reserve, chains)
         pooled = self._pool_chain(context, reserve)  # +pool: part of the host's exact key, so it opens the gate
         if c.gate and c.host != "none" and not (open_ or pooled):
-            self.counters["gated"] += 1
+            self.tally["gated"] += 1
             return self._host(context, budget, chains)[0] if reserve else draft
         cap = len(draft) + reserve
         candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
@@ -401,7 +399,7 @@ class OilbirdDrafter:
             merge_candidates(draft, [(chain, source)], cap, root)
             if source == SEMANTIC:
                 self._bought.update(range(before, len(draft)))
-        self.counters["key_nodes"] += len(self._bought)
+        self.tally["key_nodes"] += len(self._bought)
 
     def _one_source(self, context: Sequence[int], budget: int, chains, match: int) -> Draft:
         """oilbird-one-source (module docstring): the lexical draft or the semantic draft, each at the whole
@@ -409,7 +407,7 @@ class OilbirdDrafter:
         c = self.config
         lexical, open_ = self._host(context, budget, chains)
         if c.gate and not open_:
-            self.counters["gated"] += 1
+            self.tally["gated"] += 1
             return lexical
         if match < c.one_source_min_match:
             semantic = Draft()  # what semantic-only proposes: key chains, then rollouts, from the root
@@ -417,9 +415,9 @@ class OilbirdDrafter:
             candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
             self._merge(semantic, candidates, budget)
             if len(semantic):
-                self.counters["chose_semantic"] += 1
+                self.tally["chose_semantic"] += 1
                 return semantic
-        self.counters["chose_lexical"] += 1
+        self.tally["chose_lexical"] += 1
         return lexical
 
     def observe(self, context: Sequence[int], result) -> None:
@@ -429,8 +427,8 @@ class OilbirdDrafter:
         if self._bought:
             hit = any(i in self._bought for i in result.accepted_nodes)
             self.calibration.record(hit)
-            self.counters["key_buying_passes"] += 1
-            self.counters["key_hits"] += hit
+            self.tally["key_buying_passes"] += 1
+            self.tally["key_hits"] += hit
             self._bought = set()
         hidden = result.hidden
         if hidden is None:
@@ -445,11 +443,11 @@ class OilbirdDrafter:
                 self.ring.add(hidden[row], token, cont, owner)
 
     # ------------------------------------------------------------ reporting
-    def stats(self) -> dict:
+    def counters(self) -> dict:
         """Counters for summary.json: key and ring-buffer use, timing, store size."""
         n_tok = self.pool.n_tokens
         return {
-            **self.counters,
+            **self.tally,
             "semantic_key": self.config.semantic and self.config.key_level != "null",
             "calibration_mutes": self.calibration.mutes,
             "calibration_skipped": self.calibration.skipped,

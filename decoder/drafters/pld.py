@@ -16,9 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Hashable, Sequence
 
-import numpy as np
-
-from decoder.draft import Draft
+from decoder.draft import Draft, Drafter
 from decoder.drafters.sam import extends
 
 
@@ -163,8 +161,9 @@ class PoolNgramIndex:
         return []
 
 
-class PldDrafter:
-    """Arm `pld`: one chain copied from the current request's own context."""
+class PldDrafter(Drafter):
+    """Arm `pld`: one chain copied from the current request's own context (no cross-request pool: the
+    contract's defaults add, evict and observe nothing)."""
 
     name = "pld"
     Config = PldConfig
@@ -173,12 +172,6 @@ class PldDrafter:
         self.vocab_size, self.nodes = vocab_size, nodes
         self.config = config or PldConfig()
         self.index = NgramIndex(self.config.max_ngram)
-
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        pass  # prompt lookup reads only the current request
-
-    def evict_traces(self, count: int) -> None:
-        pass  # no cross-request pool
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         self.index = NgramIndex(self.config.max_ngram)
@@ -189,9 +182,3 @@ class PldDrafter:
         draft = Draft()
         draft.add_chain(self.index.lookup(min(self.config.max_copy, budget)), self.name, budget)
         return draft
-
-    def observe(self, context: Sequence[int], result) -> None:
-        pass
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        pass

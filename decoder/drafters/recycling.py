@@ -23,11 +23,11 @@ from __future__ import annotations
 import heapq
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Hashable, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from decoder.draft import ROOT, Draft
+from decoder.draft import ROOT, Draft, Drafter
 
 K = 8
 RANK_PRIOR = (0.5, 0.15, 0.08, 0.05, 0.04, 0.03, 0.025, 0.02)
@@ -112,8 +112,10 @@ class RecyclingConfig:
     template_nodes: int = 0  # template size; 0 = the draft budget
 
 
-class RecyclingDrafter:
-    """Arm `recycling`: the adjacency table expanded along the static template."""
+class RecyclingDrafter(Drafter):
+    """Arm `recycling`: the adjacency table expanded along the static template. No trace pool: the table
+    is filled by verifications (not by traces), bounded by the vocabulary, and persists across requests
+    (as in Token Recycling), so the contract's add_trace / evict_traces / begin_request defaults apply."""
 
     name = "recycling"
     Config = RecyclingConfig
@@ -123,21 +125,9 @@ class RecyclingDrafter:
         self.config = config or RecyclingConfig()
         self.table = AdjacencyTable(vocab_size)
 
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        pass  # the table is filled by verification forwards, not by traces
-
-    def evict_traces(self, count: int) -> None:
-        pass  # no trace pool: the table is bounded by the vocabulary and kept
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        pass  # the table persists across requests, as in Token Recycling
-
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         parents, ranks = default_template(self.config.template_nodes or budget)
         return self.table.expand(int(context[-1]), parents, ranks, budget, self.name)
 
     def observe(self, context: Sequence[int], result) -> None:
         self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        pass

@@ -1,20 +1,11 @@
-"""Suffix-automaton drafting (SAM-Decoding style), and the automaton core the lexical arms share.
+"""Suffix-automaton drafting (SAM-Decoding style), and the automaton pool the lexical arms share.
 
-`SuffixAutomaton` is a generalized suffix automaton built online: `start_sequence()` then
-`extend(token, group)` per token, O(1) amortized for the automaton itself. Each sequence is
-inserted from the root, so no matched string ever crosses a sequence boundary. Beside the
-automaton every state keeps
-  - `count`: |endpos|, the number of occurrences of its strings (SuffixDecoding's node count);
-  - `pos`: the most recent end position of its strings in `text`;
-  - `pos2`: the most recent end position whose group differs from `pos`'s group (-1 if none).
-These are maintained by walking the new position's suffix-link chain (cost = chain length: a few
-states on natural text, up to the period count on looping text). `pos2` makes exclusion exact:
-for any single excluded group, `pos` or `pos2` is the most recent occurrence outside it.
-
-`AutomatonIndex` holds two automata: the pool (finished traces, group = the trace's prompt
-hash) and the request (prompt + committed tokens, group = position, so `pos2` is the previous
+The automaton itself (counts, recent positions `pos` / `pos2`, exclusion by group) is
+data/automaton.py's `SuffixAutomaton`, the one the census counts with; here it is kept with exact
+counts and positions. `AutomatonIndex` holds two automata: the pool (finished traces, group = the
+trace's prompt hash) and the request (prompt + committed tokens, group = position, so `pos2` is the previous
 occurrence). Same-prompt skipping: `begin_request(prompt, prompt_hash)` makes that hash (default
-`data.capture.prompt_hash(prompt)`, the hash the trace store keeps) the excluded group: its
+`data.schema.prompt_hash(prompt)`, the hash the trace store keeps) the excluded group: its
 occurrences are never used as copy positions, and their counts are subtracted
 (`excluded_counts`, computed once per request by re-walking those traces), so the excluded
 traces neither supply tokens nor rank branches.
@@ -32,11 +23,10 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from data.capture import prompt_hash as hash_prompt
-from decoder.draft import Draft
+from data.automaton import NO_GROUP, SuffixAutomaton
+from data.schema import prompt_hash as hash_prompt
+from decoder.draft import Draft, Drafter
 
-SEP = -1  # separates sequences in `SuffixAutomaton.text`; never a transition
-NO_GROUP = -2  # an excluded group that matches nothing
 REFEED = 256  # tokens re-fed to the pool matcher after the pool changed mid-request
 
 
@@ -48,147 +38,6 @@ def extends(context: Sequence[int], seen: list[int]) -> bool:
     if not isinstance(prefix, list):
         prefix = [int(t) for t in prefix]
     return prefix == seen
-
-
-class SuffixAutomaton:
-    """Generalized suffix automaton over token sequences with occurrence counts and recent positions."""
-
-    def __init__(self) -> None:
-        self.length: list[int] = [0]  # longest string of the state
-        self.link: list[int] = [-1]  # suffix link
-        self.next: list[dict[int, int]] = [{}]  # transitions
-        self.count: list[int] = [0]  # |endpos| (the root's is not kept)
-        self.pos: list[int] = [-1]  # most recent end position in `text`
-        self.pos2: list[int] = [-1]  # most recent end position with a group other than pos's
-        self.text: list[int] = []  # every token extended, SEP between sequences
-        self.group: list[int] = []  # group id of each text position (SEP positions: -1)
-        self.last = 0
-
-    def __len__(self) -> int:
-        return len(self.length)
-
-    def start_sequence(self) -> None:
-        if self.text and self.text[-1] != SEP:
-            self.text.append(SEP)
-            self.group.append(-1)
-        self.last = 0
-
-    def _clone(self, p: int, q: int, token: int) -> int:
-        c = len(self.length)
-        self.length.append(self.length[p] + 1)
-        self.link.append(self.link[q])
-        self.next.append(dict(self.next[q]))
-        self.count.append(self.count[q])  # before the split, the shorter strings shared q's endpos
-        self.pos.append(self.pos[q])
-        self.pos2.append(self.pos2[q])
-        nxt = self.next
-        while p != -1 and nxt[p].get(token) == q:
-            nxt[p][token] = c
-            p = self.link[p]
-        self.link[q] = c
-        return c
-
-    def extend(self, token: int, group: int = 0) -> None:
-        """Append `token` to the current sequence (group: who this occurrence belongs to)."""
-        i = len(self.text)
-        self.text.append(token)
-        self.group.append(group)
-        length, link, nxt = self.length, self.link, self.next
-        p = self.last
-        q = nxt[p].get(token)
-        if q is not None:  # the sequence so far already occurs (only near a sequence start)
-            cur = q if length[q] == length[p] + 1 else self._clone(p, q, token)
-        else:
-            cur = len(length)
-            length.append(length[p] + 1)
-            link.append(0)
-            nxt.append({})
-            self.count.append(0)
-            self.pos.append(-1)
-            self.pos2.append(-1)
-            while p != -1 and token not in nxt[p]:
-                nxt[p][token] = cur
-                p = link[p]
-            if p != -1:
-                q = nxt[p][token]
-                link[cur] = q if length[q] == length[p] + 1 else self._clone(p, q, token)
-        self.last = cur
-        # every state on cur's suffix chain now also ends at i
-        count, pos, pos2, grp = self.count, self.pos, self.pos2, self.group
-        v = cur
-        while v > 0:
-            count[v] += 1
-            pv = pos[v]
-            if pv >= 0 and grp[pv] != group:
-                pos2[v] = pv
-            pos[v] = i
-            v = link[v]
-
-    def add_sequence(self, tokens: Sequence[int], group: int = 0) -> None:
-        self.start_sequence()
-        for t in tokens:
-            self.extend(int(t), group)
-
-    def step(self, state: int, matched: int, token: int) -> tuple[int, int]:
-        """Longest-match walk: (state, length) of the longest suffix of (matched text + token) present."""
-        nxt, link = self.next, self.link
-        while state and token not in nxt[state]:
-            state = link[state]
-            matched = self.length[state]
-        q = nxt[state].get(token)
-        if q is None:
-            return 0, 0
-        return q, matched + 1
-
-    def match(self, tokens: Sequence[int]) -> tuple[int, int]:
-        state = matched = 0
-        for t in tokens:
-            state, matched = self.step(state, matched, int(t))
-        return state, matched
-
-    def state_of(self, tokens: Sequence[int]) -> int:
-        """The state holding exactly `tokens` (0 for the empty string), or -1 if it never occurs."""
-        state = 0
-        for t in tokens:
-            state = self.next[state].get(int(t), -1)
-            if state < 0:
-                return -1
-        return state
-
-    def shorten(self, state: int, matched: int, cap: int) -> tuple[int, int]:
-        """The state of the length-`cap` suffix of a match longer than `cap`."""
-        if matched <= cap:
-            return state, matched
-        while self.length[self.link[state]] >= cap:
-            state = self.link[state]
-        return state, cap
-
-    def continuation(self, pos: int, k: int) -> list[int]:
-        """Up to k tokens after text position `pos`, stopping at the end of its sequence."""
-        seg = self.text[pos + 1 : pos + 1 + k]
-        if SEP in seg:
-            seg = seg[: seg.index(SEP)]
-        return seg
-
-    def occurrence(self, state: int, excluded: int = NO_GROUP) -> int:
-        """The most recent end position of `state` outside group `excluded` (-1 if none)."""
-        p = self.pos[state]
-        if p >= 0 and self.group[p] == excluded:
-            p = self.pos2[state]
-        return p
-
-    def counts_within(self, spans: Sequence[tuple[int, int]]) -> dict[int, int]:
-        """Per state, how many of its occurrences end inside text[start:end] for the given sequences."""
-        out: dict[int, int] = {}
-        for start, end in spans:
-            state = 0
-            for i in range(start, end):
-                state = self.next[state][self.text[i]]
-                v = state
-                while v > 0:
-                    out[v] = out.get(v, 0) + 1
-                    v = self.link[v]
-        return out
 
 
 class AutomatonIndex:
@@ -390,20 +239,18 @@ def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int
     return automaton_match(index, spine_max, branch_top, branch_max)[1:]
 
 
-class AutomatonPoolDrafter:
+class AutomatonPoolDrafter(Drafter):
     """The pool side shared by the automaton drafters (sam, suffix, lexical): `self.index` holds the
-    pool and the request; finished traces enter keyed by their prompt hash."""
+    pool and the request; finished traces enter keyed by their prompt hash (states unused)."""
 
     index: AutomatonIndex
 
-    def add_trace(self, output_tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.index.add_trace(output_tokens, prompt_hash)
+    def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None,
+                  hidden: np.ndarray | None = None) -> None:
+        self.index.add_trace(output, prompt_hash)
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         self.index.begin_request(prompt, prompt_hash)
-
-    def end_request(self, prompt: Sequence[int], output: Sequence[int], hidden: np.ndarray | None) -> None:
-        self.index.add_trace(output, hash_prompt(prompt))
 
     def evict_traces(self, count: int) -> None:
         """--store-budget: forget the oldest `count` pooled traces."""

@@ -42,6 +42,7 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
+from data.stateindex import unit
 from decoder.draft import ROOT, VerifyResult
 from decoder.drafters.pld import NgramIndex
 
@@ -58,13 +59,6 @@ def copy_depth(s: float, schedule: Sequence[tuple[float, int]] = DEPTH_SCHEDULE)
         if s >= threshold:
             return depth
     return 0
-
-
-def normalise(x: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit L2 norm (float32); zero rows stay zero."""
-    x = np.asarray(x, np.float32)
-    norm = np.linalg.norm(x, axis=-1, keepdims=True)
-    return np.divide(x, norm, out=np.zeros_like(x), where=norm > 0)
 
 
 def _grow(t: torch.Tensor | None, rows: int, d: int) -> torch.Tensor:
@@ -172,13 +166,13 @@ class SemanticPool:
         if hidden is None or len(hidden) == 0:
             self._traces.append((lo, lo + n_tok, self.n, self.n, False))
             return 0
-        states = normalise(np.asarray(hidden)[:n_tok])
+        states = unit(np.asarray(hidden)[:n_tok])
         valid = np.flatnonzero(np.abs(states).sum(axis=1) > 0)
         if self.d is None:
             self.d = states.shape[1]
         if states.shape[1] != self.d:
             raise ValueError(f"state width {states.shape[1]} differs from the pool's {self.d}")
-        key = normalise(key_state) if key_state is not None else (states[valid[0]] if len(valid) else None)
+        key = unit(key_state) if key_state is not None else (states[valid[0]] if len(valid) else None)
         if key is not None:
             self.trace_keys.append(np.asarray(key, np.float32).reshape(-1))
             self.trace_group.append(g)
@@ -238,7 +232,7 @@ class SemanticPool:
         return s, rows
 
     def _exact_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        q = torch.from_numpy(normalise(state).reshape(-1)).to(torch.float16)
+        q = torch.from_numpy(unit(state).reshape(-1)).to(torch.float16)
         scores = self.matrix[: self.n] @ q
         excluded = self._excluded()
         if excluded is not None:
@@ -296,7 +290,7 @@ class SemanticPool:
         if not self.trace_keys or top <= 0:
             return []
         keys = np.stack(self.trace_keys)
-        s = keys @ normalise(state).reshape(-1)
+        s = keys @ unit(state).reshape(-1)
         s[np.asarray(self.trace_group) == self._excluded_group] = -np.inf
         order = np.argsort(-s, kind="stable")[:top]
         return [(float(s[t]), int(t)) for t in order if np.isfinite(s[t])]
@@ -404,7 +398,7 @@ class RejectedPool:
     def add(self, state: np.ndarray, token: int, cont: Chain, owner: tuple[Hashable, int] | None = None) -> None:
         if self.capacity <= 0 or not cont:
             return
-        state = normalise(state).reshape(-1)
+        state = unit(state).reshape(-1)
         if self.states is None:
             self.states = np.zeros((self.capacity, state.shape[0]), np.float32)
         slot = self.next
@@ -426,7 +420,7 @@ class RejectedPool:
         if not slots or top <= 0:
             return []
         slots.sort()
-        sims = self.states[slots] @ normalise(state).reshape(-1)
+        sims = self.states[slots] @ unit(state).reshape(-1)
         order = np.argsort(-sims, kind="stable")
         chains, seen = [], set()
         for j in order:

@@ -22,8 +22,9 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+from data.automaton import SuffixAutomaton
 from decoder.draft import ROOT, Draft
-from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter, SuffixAutomaton
+from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter
 
 
 @dataclass

@@ -1,0 +1,179 @@
+"""The census's outputs: read the trace store, run the census, write positions.parquet and summary.json.
+
+`run_census` is what `python -m census` runs: the store of runs/<bench>/<model> in, the census
+folder (data/layout.py `census_dir`) out, both files written as one unit (`write_census`).
+`format_summary` is the command's printed summary.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from census.definitions import CensusConfig, CensusInput
+from census.positions import census_run
+from census.summary import summarize
+from data.errors import OilbirdError
+from data.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir
+from data.layout import census_dir, model_slug, store_dir
+from data.models import pick_device, same_model
+from data.store import open_store, store_fingerprint
+
+
+def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
+    """The model's input embedding matrix, or (None, why not) when the model cannot be loaded here.
+    A model that loads but is not the one the store was captured with is refused (one line)."""
+    try:
+        from data.models import load_model
+
+        lm = load_model(meta["model"], dtype="float32", device="cpu")
+    except Exception as e:  # any failure to load only costs the static-embedding key
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return None, f"static-embedding key not computed: cannot load model '{meta.get('model')}' ({first})"
+    if meta.get("model_fingerprint") and lm.fingerprint != meta["model_fingerprint"]:
+        raise OilbirdError(f"model '{meta['model']}' loads with fingerprint {lm.fingerprint}, but the trace store was "
+                           f"captured with {meta['model_fingerprint']}: the store's meta.json names the wrong model, "
+                           "or the model changed since the capture; recapture with --force")
+    if int(meta.get("d_model") or lm.d_model) != lm.d_model:
+        raise OilbirdError(f"model '{meta['model']}' has d_model {lm.d_model}, the trace store {meta['d_model']}: "
+                           "wrong model for this store")
+    return lm.model.get_input_embeddings().weight.detach().float().cpu().numpy(), None
+
+
+def check_store_model(meta: dict, model: str, path: Path) -> None:
+    """--model must name the model the store was captured with (alias, directory or hub id)."""
+    captured = [meta.get("model"), meta.get("model_path")]
+    if not any(c and same_model(str(c), model) for c in captured):
+        raise OilbirdError(f"trace store {path} was captured with model '{meta.get('model')}', not '{model}': "
+                           "it sits in another model's folder, or its meta.json was edited; recapture with "
+                           f"--model {model}")
+
+
+def write_census(target: Path, df: pl.DataFrame, summary: dict) -> None:
+    """positions.parquet and summary.json as one unit: both are written into a fresh folder beside
+    `target`, which then replaces it, so census/ holds the old pair or the new pair, never one of
+    each. A kill leaves at most a dot-named leftover, removed by the next census."""
+    _restore_or_clean(target)
+    tmp = make_tmp_dir(target)
+    old = None
+    try:
+        atomic_write_table(tmp / "positions.parquet", df.to_arrow())
+        fault_point("census_after_positions")
+        atomic_write_json(tmp / "summary.json", summary)
+        if target.exists():
+            old = target.with_name(f".{target.name}.{os.getpid()}.x.old")
+            target.rename(old)
+        fault_point("census_mid_swap")
+        tmp.rename(target)
+    except BaseException:
+        if old is not None and not target.exists():
+            old.rename(target)  # put the previous census back
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _restore_or_clean(target: Path) -> None:
+    """Leftovers of a census killed while writing: a temporary folder (dropped), and the previous
+    census moved aside for the swap (put back when nothing replaced it, else dropped)."""
+    for aside in sorted(target.parent.glob(f".{target.name}.*.old")):
+        if not target.exists() and aside.is_dir() and is_stale(aside):
+            aside.rename(target)
+    clean_leftovers(target.parent, f".{target.name}.*.tmp")
+    clean_leftovers(target.parent, f".{target.name}.*.old")
+
+
+def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, CensusInput]:
+    """The trace store of runs/<bench>/<model> as a census input: (store path, meta, input)."""
+    slug = model_slug(model)
+    path = store_dir(out, bench, slug)
+    if not (path / "meta.json").exists():
+        raise OilbirdError(f"no trace store for {bench} / {slug} at {path}: run `python -m data capture "
+                           f"--bench {bench} --model {model} --out {out}` first (or `make census BENCH={bench}`)")
+    store = open_store(path)
+    check_store_model(store.meta, model, path)
+    meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
+    return path, meta, CensusInput.from_store(store).check()
+
+
+def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "runs", *,
+               embeddings: np.ndarray | None | str = "load", progress: bool = True) -> tuple[Path, dict]:
+    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json as one unit."""
+    cfg.validate()
+    slug = model_slug(model)
+    target = census_dir(out, bench, slug, cfg.pool)
+    if (store_dir(out, bench, slug) / "meta.json").exists():
+        _restore_or_clean(target)  # leftovers of a census killed while writing
+    t0 = time.perf_counter()
+    path, meta, data = read_input(bench, model, out)
+    t_read = time.perf_counter() - t0
+    notes = []
+    if isinstance(embeddings, str):
+        embeddings, why = load_embeddings(meta)
+        if why:
+            notes.append(why)
+    t1 = time.perf_counter()
+    parts: dict[str, float] = {}
+    result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
+    df = result.positions
+    t_census = time.perf_counter() - t1
+    if result.index.get("note"):
+        notes.append(result.index["note"])
+    summary = summarize(df, cfg, meta=meta, notes=notes, emb_available=embeddings is not None)
+    summary["store"] = str(path)
+    summary["store_fingerprint"] = store_fingerprint(meta)
+    summary["index"] = result.index
+    summary["pool_bounds"] = result.pool
+    summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),
+                         "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
+                         "parts_s": {k: round(v, 3) for k, v in parts.items()},
+                         "device": str(pick_device(cfg.device))}
+    write_census(target, df, summary)
+    return target, summary
+
+
+def format_summary(s: dict) -> str:
+    def pct(p):
+        if p is None or p.get("value") is None:
+            return "n/a"
+        w = p.get("wilson") or [None, None]
+        b = p.get("bootstrap") or [None, None]
+        txt = f"{100 * p['value']:.2f}% (n={p['n']})"
+        if w[0] is not None:
+            txt += f"  wilson {100 * w[0]:.2f}-{100 * w[1]:.2f}"
+        if b and b[0] is not None:
+            txt += f"  bootstrap {100 * b[0]:.2f}-{100 * b[1]:.2f}"
+        return txt
+
+    m = s["mechanism"]
+    lines = [
+        f"census {s['bench']} / {s['model']} (layer {s['layer']}, pool {s['pool']}): "
+        f"{s['positions']} positions, {s['requests']} requests",
+        f"  available   {pct(s['available'])}",
+        f"  producible  {pct(s['producible'])}",
+        f"  gap         {pct(s['gap'])}",
+        f"  recall      {pct(s['recall'])}  (semantic key over gap positions)",
+        f"  recall emb  {pct(m['recall_static_embedding'])}",
+        f"  recall adj  {pct(m['recall_adjacency'])}",
+        f"  blind lexical {pct(m['blind_lexical'])}; with semantic {pct(m['blind_with_semantic'])}",
+    ]
+    ix, pb = s.get("index") or {}, s.get("pool_bounds") or {}
+    if ix and ix.get("spec") != "exact":
+        def share(v):
+            return "n/a" if v is None else f"{100 * v:.1f}%"
+        lines.append(f"  index {ix['spec']}: {ix.get('bytes_per_state')} bytes/state, knn recall@C "
+                     f"{share(ix.get('knn_recall'))}, gap recall {share(ix.get('gap_recall_index'))} vs exact "
+                     f"{share(ix.get('gap_recall_exact'))} (n={ix.get('gap_sample')})")
+    if pb.get("budget_tokens") is not None:
+        lines.append(f"  store budget {pb['store_budget']} = {pb['budget_tokens']} tokens; "
+                     f"mean pool {pb['mean_pool_tokens']:.0f} tokens")
+    if (pb.get("tenants") or 1) > 1:
+        lines.append(f"  tenants {pb['tenants']} (each censused against its own traces only)")
+    lines += [f"  note: {n}" for n in s.get("notes", [])]
+    return "\n".join(lines)

@@ -1,0 +1,206 @@
+"""The decision block: whether to enable the semantic draft source, by the one rule in decoder/verdict.py.
+
+Read from the replay's strictly-past pool (`oilbird`'s sole-source share, its paired tau gain over
+`oilbird-no-semantic`, the two arms' estimated speedups; nodes 60 when several budgets were replayed,
+else the largest); without a replay of `oilbird`, from the live decoder's share with the gain unknown
+(so never "enable"). Live decoder results are shown beside the replay as the ground truth; the
+warm-pool replay and other node budgets are secondary tables.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from decoder.policy import OFF_ARM, ON_ARM
+from decoder.verdict import Verdict, verdict
+from reports import charts
+from reports.arms import (BASIS_TEXT, as_dict, est_speedup, estimate, exact_notes, fastest_arm, live_speedup, named,
+                          nodes_table, replay_table, share_arms, share_text, speed_text, tau_of, warm_table)
+from reports.htmlkit import esc, finite, gain_text, href, not_available, number, section, with_iv
+from reports.links import evidence_name, has_evidence, replay_command
+from reports.results import Arm, Result
+from reports.target import lexical_comparison
+
+DECISION_CSS = {"enable": "enable", "neutral": "neutral", "leave off": "off"}
+DECISION_TEXT = {
+    "enable": "enable the semantic source",
+    "neutral": "neutral: the semantic source neither clearly pays nor clearly costs on these numbers",
+    "leave off": "leave the semantic source off",
+}
+
+
+@dataclass
+class Decision:
+    """The verdict a page shows, and what it was read from."""
+
+    source: str  # "replay" (replay/, strictly-past pool) or "live" (decode/)
+    verdict: Verdict
+    arm: Arm  # the arm whose sole-source share was read (oilbird)
+    off: Arm | None  # oilbird-no-semantic from the same source, if run
+    gain: dict  # the replay's paired_gain block ({} when absent)
+
+
+def decide(result: Result) -> Decision | None:
+    """The verdict from the replay (strictly-past pool) when it ran `oilbird`, else from the live decoder's
+    sole-source share (no paired gain: never "enable"), else None."""
+    on = named(result.replay, ON_ARM)
+    if on is not None:
+        peers = result.replay_nodes.get(on.nodes, []) if on.nodes is not None else []
+        off = named(peers, OFF_ARM) or named(result.replay, OFF_ARM)
+        if off is not None and None not in (off.nodes, on.nodes) and off.nodes != on.nodes:
+            off = None  # another node budget: not a paired comparison
+        share = on.sole_source or {}
+        gain = as_dict(on.summary.get("paired_gain"))
+        if gain.get("versus", OFF_ARM) != OFF_ARM:
+            gain = {}
+        v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), est_speedup(on),
+                    est_speedup(off) if off is not None else None)
+        return Decision("replay", v, on, off, gain)
+    arms = share_arms(result)
+    if not arms:
+        return None
+    main = arms[0]
+    off = named(result.arms, OFF_ARM) if main.name == ON_ARM else None
+    both = off is not None and live_speedup(main) is not None and live_speedup(off) is not None
+    v = verdict(main.sole_source["share"], main.sole_source.get("interval"), None,
+                live_speedup(main) if both else None, live_speedup(off) if both else None)
+    return Decision("live", v, main, off, {})
+
+
+def verdict_callout(d: Decision, lead: str) -> str:
+    v = d.verdict
+    reasons = "".join(f"<li>{esc(r)}</li>" for r in v.reasons)
+    return (f'<div class="callout {DECISION_CSS[v.decision]}"><p>{lead}Verdict: '
+            f"<strong>{esc(DECISION_TEXT[v.decision])}</strong>.</p>"
+            f"<ul>{reasons}</ul>"
+            f'<p class="note">Rule (decoder/verdict.py): {esc(v.rule)}</p></div>')
+
+
+def shares_paragraph(arm: Arm, where: str) -> str:
+    parts = []
+    for basis in ("committed", "draft"):
+        e = arm.shares.get(basis)
+        if e and finite(e.get("share")):
+            parts.append(f"<strong>{share_text(e)}</strong> {esc(BASIS_TEXT[basis])}")
+    if not parts:
+        return f'<p>Sole-source share of <strong>{esc(arm.name)}</strong> ({esc(where)}): not available.</p>'
+    older = ("" if "committed" in arm.shares else
+             " This summary gives only the draft-token share (an older decoder run); the paper's 3% / 9% lines "
+             "are drawn for the share of all committed tokens, which is lower.")
+    return (f"<p>Sole-source share of <strong>{esc(arm.name)}</strong> ({esc(where)}), the accepted tokens that only "
+            f"the semantic source proposed: {'; '.join(parts)}.{esc(older)}</p>")
+
+
+def verdict_cell(d: Decision | None) -> str:
+    """The verdict in one cell, its reasons in the tooltip."""
+    if d is None:
+        return "–"
+    tip = f"read from the {d.source} results: " + "; ".join(d.verdict.reasons)
+    return f'<span title="{esc(tip)}"><strong>{esc(d.verdict.decision)}</strong> ({esc(d.source)})</span>'
+
+
+def replay_verdict(result: Result, d: Decision) -> list[str]:
+    """The verdict read from the replay, then its numbers: both shares, the paired gain over oilbird-no-semantic,
+    the target line against the best lexical arm and the estimated speedups (or why each is missing)."""
+    on, off = d.arm, d.off
+    command = replay_command(result)
+    lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} nodes, "
+            f"{number(on.summary.get('requests'))} requests). ")
+    parts = [verdict_callout(d, lead), shares_paragraph(on, "replay")]
+    g = d.gain
+    if g:
+        speed = (f"; estimated speedup {gain_text(g.get('speedup_ratio'), g.get('speedup_interval'))}"
+                 if finite(g.get("speedup_ratio")) else "")
+        parts.append(f"<p>Paired gain of <strong>{ON_ARM}</strong> over <strong>{OFF_ARM}</strong> (the same "
+                     f"requests, resampled jointly): tau <strong>{gain_text(g.get('tau_ratio'), g.get('interval'))}"
+                     f"</strong>{speed}.</p>")
+    else:
+        note = on.summary.get("paired_gain_note")
+        parts.append(not_available(f"no paired gain of {ON_ARM} over {OFF_ARM} in the replay"
+                                   + (f" ({note})" if isinstance(note, str) and note else
+                                      f" (replay both arms in one command: `{command} --arms {ON_ARM},{OFF_ARM}`)")))
+    parts.append(lexical_comparison(result))
+    est = estimate(on)
+    if est:
+        device = " · ".join(esc(x) for x in (est.get("device_name"), est.get("device")) if isinstance(x, str) and x)
+        off_est = estimate(off)
+        speeds = (f" {ON_ARM} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
+                  + (f", {OFF_ARM} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
+                     if off_est else "") + " over plain greedy.")
+        parts.append(f"<p>Estimated speedups (not measured): verification cost from the profile "
+                     f"<code>{esc(est.get('profile', 'n/a'))}</code>" + (f" ({device})" if device else "")
+                     + f", plus the drafting and update time measured in the replay:{speeds}</p>")
+    else:
+        note = on.summary.get("estimate_note")
+        parts.append(not_available(
+            f"{ON_ARM}: {note}" if isinstance(note, str) and note else
+            f"no estimated speedup for {ON_ARM}: the replay had no verification-cost profile "
+            "(`python -m decoder profile`)"))
+    return parts
+
+
+def live_verdict(result: Result, d: Decision) -> list[str]:
+    """The verdict read from the live decoder (no replay of oilbird): its share, the measured speedups, and the
+    replay an "enable" would need."""
+    best = fastest_arm(result, exclude=d.arm)
+    return [verdict_callout(d, f"From the live decoder (no replay with {ON_ARM}). "),
+            shares_paragraph(d.arm, "live decoder"),
+            f"<p>Measured: <strong>{esc(d.arm.name)}</strong> {speed_text(d.arm)} over ar, against "
+            f"{speed_text(best)} for the best other arm (<strong>{esc(best.name)}</strong>).</p>" if best else
+            f"<p>Measured speedup of {esc(d.arm.name)}: {speed_text(d.arm)}.</p>",
+            not_available(f"no replay with {ON_ARM}: run `{replay_command(result)}` for the paired gain over "
+                          f"{OFF_ARM} with its interval, which an \"enable\" needs")]
+
+
+def arms_block(result: Result, d: Decision | None) -> list[str]:
+    """Below the verdict: the replayed arms beside the live ones with a tau chart, the node budgets, the warm
+    pool, and the link to the evidence page."""
+    parts = []
+    notes: list[str] = []
+    if result.replay:
+        parts.append("<h3>Arms</h3>" + replay_table(result, notes))
+        tau = [tau_of(a.summary) for a in result.replay]
+        ivs = [iv if isinstance(iv, (list, tuple)) and len(iv) == 2 and all(finite(x) for x in iv) else (None, None)
+               for _, iv in tau]
+        live = [tau_of(named(result.arms, a.name).summary)[0] if named(result.arms, a.name) else None
+                for a in result.replay]
+        value = lambda v: v if finite(v) else None  # noqa: E731
+        if any(value(t) is not None for t, _ in tau):
+            parts.append(charts.tau_chart([a.name for a in result.replay], [value(t) for t, _ in tau],
+                                          [value(i[0]) for i in ivs], [value(i[1]) for i in ivs],
+                                          [value(v) for v in live] if result.arms else None))
+        if notes:
+            parts.append(exact_notes(notes))
+    if result.arms and result.replay:
+        parts.append('<p class="note">Live decoder results (decode/, the section below) are the ground truth: '
+                     "measured on the model, where the replay simulates the drafters over the traces and estimates "
+                     "time. Where they disagree, trust the live run.</p>")
+    if result.replay_nodes:
+        chosen = d.arm.nodes if d is not None and d.source == "replay" else None
+        parts.append("<h3>Node budgets</h3>" + nodes_table(result.replay_nodes, chosen))
+    if result.replay_warm:
+        parts.append("<h3>Warm pool</h3>" + warm_table(result.replay_warm))
+    if has_evidence(result):
+        parts.append(f'<p class="note">{ON_ARM} against every baseline with paired intervals, where its tokens come '
+                     f'from, the ablations and the transplant ladder: <a href="{href(evidence_name(result))}">the '
+                     "evidence page</a>.</p>")
+    return parts
+
+
+def decision_section(result: Result) -> str:
+    """The decision block: the verdict with its rule and numbers, read from the replay (else the live decoder)."""
+    sid, title = "decision", "Decision: enable the semantic source?"
+    command = replay_command(result)
+    if not result.has_decoder:
+        return section(sid, title, not_available(
+            f"no replay or decoder results under {result.bench}/{result.model}/ (run `{command}`; it needs only "
+            "the trace store)"))
+    d = decide(result)
+    if d is not None and d.source == "replay":
+        parts = replay_verdict(result, d)
+    elif d is not None:
+        parts = live_verdict(result, d)
+    else:
+        parts = [not_available(f"no arm reports a sole-source share: replay or decode the semantic arm `{ON_ARM}` "
+                               f"with `{OFF_ARM}` (`{command}`)")]
+    return section(sid, title, *parts, *arms_block(result, d))
