@@ -76,9 +76,51 @@ def _runs(nonblind: np.ndarray, request: np.ndarray, R: int) -> tuple[np.ndarray
             np.bincount(request, weights=starts, minlength=R))
 
 
+def _coverage(keys: dict, universe: np.ndarray, prop, cnt_r, boot: RequestBootstrap) -> dict:
+    """The `coverage` block: over the available positions (the universe), what each key reaches, what only it
+    reaches, the unions, the pairwise lift and what the semantic key recovers that each other key misses."""
+    present = {k: v for k, v in keys.items() if v is not None}
+    U = universe
+    reaches = {k: (prop(v, U) if v is not None else None) for k, v in keys.items()}
+    only_it = {}
+    for k, v in keys.items():
+        if v is None:
+            only_it[k] = None
+            continue
+        others = np.zeros(len(U), bool)
+        for k2, v2 in present.items():
+            if k2 != k:
+                others |= v2
+        only_it[k] = prop(v & ~others, U)
+    unions = {
+        "exact_suffix|adjacency": prop(keys["exact_suffix"] | keys["adjacency"], U),
+        "exact_suffix|adjacency|semantic": prop(keys["exact_suffix"] | keys["adjacency"] | keys["semantic"], U),
+        "all": prop(np.logical_or.reduce(list(present.values())), U),
+    }
+    lift = {}
+    names = list(present)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            A, B = present[a] & U, present[b] & U
+            n, na, nb, nab = int(U.sum()), int(A.sum()), int(B.sum()), int((A & B).sum())
+            lift[f"{a}~{b}"] = {
+                "value": n * nab / (na * nb) if na and nb else None,
+                "bootstrap": boot.interval(lambda n_, a_, b_, ab_: n_ * ab_ / (a_ * b_),
+                                           cnt_r(U), cnt_r(A), cnt_r(B), cnt_r(A & B)),
+            }
+    recovers = {k: prop(keys["semantic"], U & ~v) for k, v in present.items() if k != "semantic"}
+    coverage = {"universe": int(U.sum()), "reaches": reaches, "only_it": only_it, "unions": unions,
+                "lift": lift, "semantic_recovers_missed_by": recovers}
+    return coverage
+
+
 def summarize(df: pl.DataFrame, cfg: CensusConfig, *, meta: dict | None = None, notes: list[str] | None = None,
               emb_available: bool | None = None) -> dict:
-    """The summary dict of a positions frame (census_positions output, or positions.parquet)."""
+    """The summary dict of a positions frame (census_positions output, or positions.parquet).
+
+    Longer than most functions here on purpose: the `mechanism` block's rates share the masks built at the
+    top (gap, blind, the previous-position shifts) and read as one list in the schema's order; the
+    `coverage` block, which needs only the keys' masks, is `_coverage`."""
     meta = meta or {}
     df = df.sort(["request", "position"])
     req_ids = df["request"].to_numpy()
@@ -142,38 +184,7 @@ def summarize(df: pl.DataFrame, cfg: CensusConfig, *, meta: dict | None = None, 
     }
 
     keys = {"exact_suffix": producible, "adjacency": adj, "static_embedding": emb, "semantic": sem}
-    present = {k: v for k, v in keys.items() if v is not None}
-    U = available
-    reaches = {k: (prop(v, U) if v is not None else None) for k, v in keys.items()}
-    only_it = {}
-    for k, v in keys.items():
-        if v is None:
-            only_it[k] = None
-            continue
-        others = np.zeros(df.height, bool)
-        for k2, v2 in present.items():
-            if k2 != k:
-                others |= v2
-        only_it[k] = prop(v & ~others, U)
-    unions = {
-        "exact_suffix|adjacency": prop(producible | adj, U),
-        "exact_suffix|adjacency|semantic": prop(producible | adj | sem, U),
-        "all": prop(np.logical_or.reduce(list(present.values())), U),
-    }
-    lift = {}
-    names = list(present)
-    for i, a in enumerate(names):
-        for b in names[i + 1:]:
-            A, B = present[a] & U, present[b] & U
-            n, na, nb, nab = int(U.sum()), int(A.sum()), int(B.sum()), int((A & B).sum())
-            lift[f"{a}~{b}"] = {
-                "value": n * nab / (na * nb) if na and nb else None,
-                "bootstrap": boot.interval(lambda n_, a_, b_, ab_: n_ * ab_ / (a_ * b_),
-                                           cnt_r(U), cnt_r(A), cnt_r(B), cnt_r(A & B)),
-            }
-    recovers = {k: prop(sem, U & ~v) for k, v in present.items() if k != "semantic"}
-    coverage = {"universe": int(U.sum()), "reaches": reaches, "only_it": only_it, "unions": unions,
-                "lift": lift, "semantic_recovers_missed_by": recovers}
+    coverage = _coverage(keys, available, prop, cnt_r, boot)
 
     out_notes = list(notes or [])
     if not emb_available and not any("static-embedding" in n for n in out_notes):

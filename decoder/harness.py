@@ -385,9 +385,27 @@ def write_folder(folder: Path, files: dict[str, dict | pa.Table]) -> None:
         raise
 
 
-def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
-               extra_arms: dict[str, ArmFactory] | None = None) -> dict[str, dict]:
-    """Serve the benchmark with every arm; returns {arm: summary} (also written under decode/<arm>/)."""
+@dataclass
+class Serving:
+    """What every arm of a run serves with, resolved once before any timing (`prepare_serving`)."""
+
+    arms: list[str]  # run order of round 1 (ar first)
+    factories: dict[str, ArmFactory]
+    requests: list
+    prompts: list[list[int]]
+    tenants: list[str]
+    stop: object  # decoder.engine.StopRule
+    warm_pool: list
+    budget_tokens: int | None
+    static: StaticGreedy | None  # ar-static, built and warmed (compiled) once; None when it does not run
+    base: dict  # the fields every arm's summary.json shares
+    out_dir: Path
+
+
+def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
+                    extra_arms: dict[str, ArmFactory] | None) -> tuple[Serving, LoadedModel]:
+    """Check the config and resolve the arms (bad input fails here, before the model loads), load the model
+    unless given, encode the prompts, warm the model (and ar-static) up."""
     if cfg.nodes < 0:
         raise OilbirdError(f"--nodes must be 0 or more (got {cfg.nodes})")
     if cfg.rounds < 1:
@@ -426,6 +444,7 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
                   file=sys.stderr)
         static.warm_up(prompts[0])
     out_dir = decode_dir(cfg.out, cfg.bench, lm.slug)
+    n = len(arms)
     base = {
         "bench": cfg.bench, "model": lm.name, "model_fingerprint": lm.fingerprint,
         "device": lm.device.type, "dtype": str(lm.dtype).removeprefix("torch."), "threads": torch.get_num_threads(),
@@ -435,25 +454,31 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         "arms_run": arms, "ar_added": added, "decode_dir": str(out_dir),
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
         "versions": library_versions(),
+        # round r starts at arm r mod n: round 1 at ar
+        "rounds": cfg.rounds, "round_order": [arms[r % n:] + arms[:r % n] for r in range(cfg.rounds)],
     }
-    ids = [r.id for r in requests]
-    n, rounds = len(arms), cfg.rounds
-    orders = [arms[r % n:] + arms[:r % n] for r in range(rounds)]  # round r starts at arm r mod n: round 1 at ar
-    base.update({"rounds": rounds, "round_order": orders})
-    first: dict[str, ArmRun] = {}  # round 1's run of every arm: tau, the audit and the tables come from it
-    speeds: dict[str, list[float]] = {a: [] for a in arms}  # tokens/s per round
-    differ: dict[str, list[dict]] = {a: [] for a in arms}  # rounds whose tokens differ from round 1's
-    for r, order in enumerate(orders):
+    return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, base,
+                   out_dir), lm
+
+
+def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
+    """Every arm once per round, in each round's rotated order. Returns round 1's run of every arm (tau, the
+    audit and the tables come from it), tokens/s per round, and the rounds whose tokens differ from round 1's."""
+    n, rounds = len(sv.arms), cfg.rounds
+    first: dict[str, ArmRun] = {}
+    speeds: dict[str, list[float]] = {a: [] for a in sv.arms}
+    differ: dict[str, list[dict]] = {a: [] for a in sv.arms}
+    for r, order in enumerate(sv.base["round_order"]):
         for k, name in enumerate(order):
-            run = serve_arm(name, lm, prompts, cfg, stop, factories.get(name), warm_pool,
-                            f"{name} (round {r + 1}/{rounds}, {k + 1}/{n})", tenants, budget_tokens,
-                            static if name == STATIC_ARM else None)
+            run = serve_arm(name, lm, sv.prompts, cfg, sv.stop, sv.factories.get(name), sv.warm_pool,
+                            f"{name} (round {r + 1}/{rounds}, {k + 1}/{n})", sv.tenants, sv.budget_tokens,
+                            sv.static if name == STATIC_ARM else None)
             speeds[name].append(tokens_per_s(run))
             if r == 0:
                 first[name] = run
                 if name == REFERENCE_ARM:  # the first arm of round 1
                     # every arm commits ar's tokens: a budget below one of its traces is refused before any drafting
-                    check_budget(budget_tokens, [len(g.tokens) for g in run.generations])
+                    check_budget(sv.budget_tokens, [len(g.tokens) for g in run.generations])
                 continue
             changed = [q for q, (g, g0) in enumerate(zip(run.generations, first[name].generations))
                        if g.tokens != g0.tokens]
@@ -462,18 +487,27 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
                 print(f"warning: {name} decoded {len(changed)} request(s) differently in round {r + 1} than in "
                       f"round 1 (requests {', '.join(map(str, changed[:8]))}{', ...' if len(changed) > 8 else ''})",
                       file=sys.stderr)
+    return first, speeds, differ
+
+
+def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
+               extra_arms: dict[str, ArmFactory] | None = None) -> dict[str, dict]:
+    """Serve the benchmark with every arm; returns {arm: summary} (also written under decode/<arm>/)."""
+    sv, lm = prepare_serving(cfg, lm, extra_arms)
+    first, speeds, differ = serve_rounds(cfg, lm, sv)
     reference = first[REFERENCE_ARM]
+    ids = [r.id for r in sv.requests]
     summaries: dict[str, dict] = {}
-    for name in arms:
+    for name in sv.arms:
         run = first[name]
         speed = speed_summary(speeds[name], speeds[REFERENCE_ARM], speeds.get(STATIC_ARM))
-        summary = summarize(run, reference, ids, base, speed=speed)
+        summary = summarize(run, reference, ids, sv.base, speed=speed)
         summary.update({"rounds_identical": not differ[name], "round_mismatches": differ[name]})
         if name == STATIC_ARM:
-            summary.update(static.summary())
-        write_folder(out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
-                                      "requests.parquet": requests_table(run, requests, prompts),
-                                      "summary.json": summary})
+            summary.update(sv.static.summary())
+        write_folder(sv.out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
+                                         "requests.parquet": requests_table(run, sv.requests, sv.prompts),
+                                         "summary.json": summary})
         summaries[name] = summary
     return summaries
 
