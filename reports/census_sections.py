@@ -19,7 +19,8 @@ from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, load_token_text, render_cases
 from reports.htmlkit import esc, finite, humanize, interval, not_available, number, pct, section, table
 from reports.links import bench_name
-from reports.results import Census, Result, wilson
+from data.stats import wilson
+from reports.results import Census, Result
 
 DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)
 KEY_LABELS = {

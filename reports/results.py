@@ -35,7 +35,6 @@ import polars as pl
 
 from data.errors import OilbirdError
 from data.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
-from data.stats import wilson  # noqa: F401  (re-exported for the pages)
 
 # positions.parquet columns the pages use (docs/census.md); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",

@@ -25,7 +25,8 @@ from reports.census_sections import recall_curve
 from reports.decision import DECISION_CSS, DECISION_TEXT
 from reports.links import page_name
 from reports.render import render_site, write_site
-from reports.results import find_results, sole_source_share, wilson
+from data.stats import wilson
+from reports.results import find_results, sole_source_share
 
 SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 STORIES = SHARED / "models" / "stories260k"
