@@ -14,6 +14,8 @@ BENCH  ?= apibank
 MODEL  ?= smollm2-135m
 OUT    ?= runs
 ARGS   ?=
+# the first N requests only (make bench-draft LIMIT=N: captured first when the store is missing)
+LIMIT  ?=
 # Capture settings of the make targets. SmolLM2 on CPU loops until the cap on about a third of
 # API-Bank requests, so the main job caps generation at 256 tokens and decodes 32 rows at a time
 # (16.3 min for all of API-Bank on 2 cores, tokens equal to the 8-row capture; docs/benchmarks.md);
@@ -25,7 +27,7 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -133,6 +135,13 @@ grid: $(STAMP)
 # the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
 bench-scale: $(STAMP)
 	$(PY) benchmarks/bench_scale.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+
+# drafting time per pass of the decision arms, the semantic key's query time and its recall against exact, at
+# warm pools of 4k..1M states (BENCH's store tiled where smaller; ArcticInference's row when it imports):
+# runs/<bench>/<model>/bench/draft.json. Captures first as `census` does (the first LIMIT requests when set).
+bench-draft: $(STAMP)
+	$(PY) -m data capture $(CAPTURE) $(if $(LIMIT),--limit $(LIMIT))
+	$(PY) benchmarks/bench_draft.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
 
 # semantic-key index specs, and pool budgets, against the exact unbounded census (the report draws both)
 INDEXES ?= exact,pq64x4fs,ivf256,pq64x4fs,pq64,pca128,sq8,ivf256,pq64,sq8

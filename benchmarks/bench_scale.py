@@ -1,15 +1,16 @@
 """`make bench-scale`: the census and the decoder's retrieval over a 1M-position store.
 
 The store: a real trace store (default API-Bank, SmolLM2; 67,324 positions) tiled until it holds
---positions positions. Tile 0 is the store itself. Every later tile k is a disguised copy: its token
-ids go through a random permutation of the vocabulary, its states through a random orthogonal
-rotation plus Gaussian noise (--noise x the rows' rms), and its prompts change with its tokens, so
-its prompt hashes differ. The tiles are interleaved in serving order (request r of every tile, then
-request r + 1), like 15 independent streams of traffic mixed in one deployment, so an index trained
-on the first states sees every stream. Each tile has the statistics of real traffic (the same
-repetition within the tile, real state geometry), while no tile can draft from another (its
-tokens are another vocabulary, its states point elsewhere): it is the workload of a 1M-position
-pool, not new evidence about recall. The tiled store is written once under
+--positions positions (benchmarks/tiling.py, shared with bench_draft.py). Tile 0 is the store
+itself. Every later tile k is a disguised copy: its token ids go through a random permutation of
+the vocabulary, its states through a random orthogonal rotation plus Gaussian noise (--noise x the
+rows' rms), and its prompts change with its tokens, so its prompt hashes differ. The tiles are
+interleaved in serving order (request r of every tile, then request r + 1), like 15 independent
+streams of traffic mixed in one deployment, so an index trained on the first states sees every
+stream. Each tile has the statistics of real traffic (the same repetition within the tile, real
+state geometry), while no tile can draft from another (its tokens are another vocabulary, its
+states point elsewhere): it is the workload of a 1M-position pool, not new evidence about recall.
+The tiled store is written once under
 runs/scale-<bench>-<N>/<model>/traces and reused.
 
 Measured, in one run:
@@ -46,41 +47,35 @@ from data.layout import census_dir, default_profile_path, model_slug, store_dir
 from data.schema import prompt_hash
 from data.store import open_store
 from data.writer import StoreWriter, TraceRecord
+from tiling import make_disguise, noise_scale, store_vocab  # benchmarks/tiling.py, beside this script
 
 DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
 
 
 def tile_records(store, k: int, tiles: int, rng: np.random.Generator, noise: float, vocab: int) -> list[TraceRecord]:
-    """Tile k of the store (k = 0: the store itself)."""
+    """Tile k of the store (k = 0: the store itself; benchmarks/tiling.py)."""
     req = store.requests
-    d = store.d_model
-    if k == 0:
-        perm = np.arange(vocab)
-        rot = None
-    else:
-        perm = rng.permutation(vocab)
-        rot, _ = np.linalg.qr(rng.standard_normal((d, d)))
-        rot = rot.astype(np.float32)
+    disguise = make_disguise(k, rng, store.d_model, vocab)
     hidden = store.hidden.astype(np.float32)
     last = store.prompt_last_hidden.astype(np.float32)
-    if rot is not None:
-        scale = noise * float(np.sqrt(np.mean(hidden[store.hidden_valid] ** 2)))
-        hidden = (hidden @ rot + scale * rng.standard_normal(hidden.shape).astype(np.float32)).astype(np.float16)
-        last = (last @ rot + scale * rng.standard_normal(last.shape).astype(np.float32)).astype(np.float16)
+    if not disguise.identity:
+        scale = noise_scale(noise, hidden[store.hidden_valid])
+        hidden = disguise.states(hidden, scale, rng)
+        last = disguise.states(last, scale, rng)
     R = store.n_requests
     ids = req["id"].to_list()
     groups = req["group"].to_list()
     records = []
     for r in range(R):
         lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
-        prompt = perm[np.asarray(store.prompt(r), np.int64)]
-        out = perm[store.tokens(r).astype(np.int64)]
+        prompt = disguise.tokens(store.prompt(r))
+        out = disguise.tokens(store.tokens(r))
         records.append(TraceRecord(
             request=r * tiles + k, id=f"{ids[r]}~{k}", group=f"{groups[r]}~{k}", prompt_hash=prompt_hash(prompt),
             prompt_tokens=prompt.tolist(), output_tokens=out.tolist(), stop_reason="length",
             seconds=0.0, hidden=hidden[lo:hi], hidden_valid=store.hidden_valid[lo:hi],
-            topk=perm[store.topk[lo:hi].astype(np.int64)], prompt_last_hidden=last[r],
-            prompt_last_topk=perm[store.prompt_last_topk[r].astype(np.int64)]))
+            topk=disguise.tokens(store.topk[lo:hi]), prompt_last_hidden=last[r],
+            prompt_last_topk=disguise.tokens(store.prompt_last_topk[r])))
     return records
 
 
@@ -93,8 +88,7 @@ def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int =
         if have.get("complete") and have.get("scale", {}).get("tiles") == tiles \
                 and have["scale"].get("noise") == noise and have["scale"].get("order") == "interleaved":
             return have["scale"]
-    vocab = int(max(store.positions["token"].max(), store.topk.max(),
-                    max(max(p) for p in store.requests["prompt_tokens"].to_list()))) + 1
+    vocab = store_vocab(store)
     content = ("checksums", "n_requests", "complete", "format", "pending", "prompt_tokens_reused", "runs",
                "seconds_total", "scale")  # what describes the source's rows, not its settings
     meta = {k: v for k, v in store.meta.items() if k not in content}

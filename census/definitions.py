@@ -129,7 +129,9 @@ class CensusConfig:
 
         if self.pool not in POOL_MODES:
             raise OilbirdError(f"unknown pool mode '{self.pool}'; use past or warm")
-        parse_index_spec(self.index)  # d is checked again once the store is read
+        if parse_index_spec(self.index).auto:  # d is checked again once the store is read
+            raise OilbirdError("--index auto is the decoder's serving index (exact, then pruned as the pool grows); "
+                               "the census measures exact search or a named faiss spec (e.g. ivf256,flat)")
         if parse_budget(self.store_budget) is not None and self.pool != "past":
             raise OilbirdError(f"--store-budget bounds the past pool; pool {self.pool} has no serving order to bound")
         if self.recall_sample < 1:

@@ -8,6 +8,7 @@
   runs/<bench>/<model>/sweeps/              `python -m census sweep-index|sweep-budget`
   runs/<bench>/<model>/ablations/           `python -m decoder ablations` (ablations.json)
   runs/<bench>/<model>/bench-replay[-live]/ the benchmarks' cut replays (never over replay/)
+  runs/<bench>/<model>/bench/               benchmark results (bench/draft.json: benchmarks/bench_draft.py)
   runs/grid/<model>/census_grid[_<pool>].*  `python -m census grid`
   runs/profiles/<model>-<device>.json       the verification-cost profile (decoder/profile.py)
   reports/html/                             `python -m reports` (outside runs/)
@@ -35,6 +36,7 @@ SWEEPS = "sweeps"
 ABLATIONS = "ablations"
 ABLATIONS_FILE = "ablations/ablations.json"  # relative to runs/<bench>/<model>/
 GRID = "grid"
+BENCH = "bench"
 PROFILES = "profiles"
 NODES_DIR = re.compile(r"nodes-(\d+)")  # replay/<arm>/nodes-<N>/: one folder per node budget
 
@@ -138,6 +140,11 @@ def bench_replay_dir(out: str | Path, bench: str, slug: str, live: bool = False)
     """runs/<bench>/<model>/bench-replay (bench-replay-live): a benchmark's cut replay, beside, never
     over, the whole-store replay/ the reports read."""
     return model_dir(out, bench, slug) / ("bench-replay-live" if live else "bench-replay")
+
+
+def bench_dir(out: str | Path, bench: str, slug: str) -> Path:
+    """runs/<bench>/<model>/bench: the benchmarks' result files (draft.json, benchmarks/bench_draft.py)."""
+    return model_dir(out, bench, slug) / BENCH
 
 
 def grid_dir(out: str | Path, slug: str) -> Path:

@@ -2,6 +2,10 @@
 
 A spec names the index, lower-case, comma-separated, knobs as key=value:
 
+    auto                 the decoder's default (DEFAULT_INDEX): the exact float16 matrix, scored
+                         whole while the pool is small, then through an inverted-file pruner trained
+                         on the pool and re-trained as it grows (data/pruner.py); the census refuses
+                         it (its recall is defined on exact search or a named spec)
     exact                the reference: every state kept whole, exact cosine (census/knn.py, the
                          decoder's float16 pool); StateIndex never builds it, callers keep their path
     flat                 faiss IndexFlatIP over float32 unit rows (exact up to float32 rounding)
@@ -28,6 +32,7 @@ points as centroids) exceeds the states the caller will ever have is refused wit
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -38,6 +43,7 @@ from data.errors import OilbirdError
 
 CODER = re.compile(r"^(sq4|sq6|sq8|fp16|flat|pq(\d+)(x(\d+))?(fs)?|pca(\d+)|opq(\d+)|ivf(\d+)|hnsw(\d+))$")
 KNOBS = {"nprobe": 16, "efsearch": 64}
+DEFAULT_INDEX = "auto"  # the decoder's and replay's --index default (the census keeps exact)
 TRAIN_PER_CENTROID = 39  # faiss's own advice: k-means wants >= 39 points per centroid
 
 
@@ -51,10 +57,11 @@ class IndexSpec:
     train_min: int = 0  # fewest states training accepts
     train_size: int = 0  # states collected before training (0: no training)
     evictable: bool = True
+    auto: bool = False  # the auto index (data/pruner.py over the float16 matrix)
 
     @property
     def exact(self) -> bool:
-        return self.factory is None
+        return self.factory is None and not self.auto
 
 
 def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
@@ -62,6 +69,8 @@ def parse_index_spec(text: str, d: int | None = None) -> IndexSpec:
     raw = (text or "").strip().lower()
     if raw in ("", "exact"):
         return IndexSpec("exact", None)
+    if raw == "auto":
+        return IndexSpec("auto", None, auto=True)
     knobs, coders = _spec_parts(text, raw)
     pre, ivf, hnsw, storage = _spec_roles(text, coders, knobs)
     fac, train_min, train_size = _spec_factory(text, d, pre, ivf, hnsw, storage, knobs)
@@ -82,7 +91,7 @@ def _spec_parts(text: str, raw: str) -> tuple[dict, list[str]]:
         elif CODER.match(p):
             coders.append(p)
         else:
-            raise OilbirdError(f"unknown index spec '{text}' (part '{p}'); use exact, flat, sq8, pq64, pca128, "
+            raise OilbirdError(f"unknown index spec '{text}' (part '{p}'); use auto, exact, flat, sq8, pq64, pca128, "
                                "opq64,pq64, ivf1024,pq64, hnsw32 (knobs nprobe=N, efsearch=N)")
     if not coders:
         raise OilbirdError(f"index spec '{text}' names no index")
@@ -177,6 +186,14 @@ def unit(x: np.ndarray) -> np.ndarray:
     return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
 
 
+def unit_vector(x: np.ndarray) -> np.ndarray:
+    """One state as a contiguous float32 unit vector [d] (zero stays zero): `unit` for a single query,
+    without its array machinery (a query path runs it once per pass)."""
+    x = np.ascontiguousarray(x, np.float32).reshape(-1)
+    n = math.sqrt(float(x @ x))
+    return x / n if n > 0 else x.copy()
+
+
 class StateIndex:
     """Cosine kNN over states with serving-order ids, exact warm-up then a faiss index."""
 
@@ -185,8 +202,8 @@ class StateIndex:
 
         self.faiss = faiss
         self.spec = spec if isinstance(spec, IndexSpec) else parse_index_spec(spec, d)
-        if self.spec.exact:
-            raise OilbirdError("StateIndex builds faiss specs; the exact key is the caller's own path")
+        if self.spec.factory is None:
+            raise OilbirdError("StateIndex builds faiss specs; the exact and auto keys are the caller's own path")
         self.d = d
         self.index = faiss.index_factory(d, self.spec.factory, faiss.METRIC_INNER_PRODUCT)
         needs_training = self.spec.train_min > 0 or not self.index.is_trained
@@ -210,12 +227,18 @@ class StateIndex:
         self.buffered = 0
         self.seq = 0  # rows ever added to the faiss index
         self.base = 0  # sequence number of the faiss index's first kept row
-        self.ids = np.zeros(0, np.int64)  # external id per kept sequence number (from base)
+        self._ids = np.zeros(0, np.int64)  # external id per kept sequence number (from base); grows by doubling
+        self._n_ids = 0
         self.empty_bytes = 0
         self.warmup_queries = 0
         self.queries = 0
 
     # -------------------------------------------------------------- adding, evicting
+
+    @property
+    def ids(self) -> np.ndarray:
+        """External id per kept sequence number (from base), increasing."""
+        return self._ids[:self._n_ids]
 
     @property
     def ntotal(self) -> int:
@@ -260,7 +283,11 @@ class StateIndex:
         else:
             self.index.add(x)
         self.seq += len(x)
-        self.ids = np.concatenate([self.ids, ids])
+        n = self._n_ids + len(ids)
+        if n > len(self._ids):  # doubling: appends stay amortised O(1)
+            self._ids = np.resize(self._ids, max(n, 2 * len(self._ids), 1024))
+        self._ids[self._n_ids:n] = ids
+        self._n_ids = n
 
     def evict_below(self, lo: int) -> None:
         """Drop every row with id < lo (oldest first: ids only grow)."""
@@ -282,7 +309,8 @@ class StateIndex:
         else:
             self.index.remove_ids(self.faiss.IDSelectorRange(0, c))
         self.base += c
-        self.ids = self.ids[c:]
+        self._ids = self._ids[c:self._n_ids].copy()
+        self._n_ids -= c
 
     # -------------------------------------------------------------- searching
 
@@ -371,9 +399,9 @@ def split_specs(text: str) -> list[str]:
         for p in [p.strip() for p in chunk.split(",") if p.strip()]:
             low = p.lower()
             r = 3 if "=" in low else next((v for k, v in rank.items() if low.startswith(k)), 2)
-            if low == "exact":
+            if low in ("exact", "auto"):
                 r = 2
-            joins = current and (r == 3 or (r > last and last < 2 and low != "exact"))
+            joins = current and (r == 3 or (r > last and last < 2 and low not in ("exact", "auto")))
             if joins:
                 current.append(p)
                 last = max(last, r) if r < 3 else last

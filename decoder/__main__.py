@@ -70,6 +70,9 @@ def main(argv: list[str] | None = None) -> int:
 
 @cli_entry
 def serve_main(argv: list[str] | None = None) -> int:
+    from data.stateindex import DEFAULT_INDEX
+    from decoder.pools import INDEX_HELP
+
     p = argparse.ArgumentParser(
         prog="python -m decoder",
         description="Serve a benchmark in order with each arm (ar first, the reference), writing "
@@ -89,9 +92,7 @@ def serve_main(argv: list[str] | None = None) -> int:
                    help="a captured trace store (runs/<bench>/<model>/traces) whose requests start every pool")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
-    p.add_argument("--index", default="exact", metavar="SPEC",
-                   help="the semantic key's index: exact (default, float16 matrix) or a faiss spec: flat, sq8, pq64, "
-                        "pca128,sq8, opq64,pq64, ivf1024,pq64 (nprobe=N), hnsw32 (efsearch=N)")
+    p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)
     p.add_argument("--store-budget", default=None, metavar="B",
                    help="bound the pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest traces "
                         "leave when a finished request takes it above B, down to 7/8 of B (default: unbounded; "

@@ -77,6 +77,7 @@ from data.capture import library_versions
 from data.errors import OilbirdError
 from data.files import atomic_write_json, atomic_write_table
 from data.layout import decode_dir
+from data.stateindex import DEFAULT_INDEX
 from data.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
 from data.schema import prompt_hash
 from data.store import open_store
@@ -87,7 +88,7 @@ from decoder.engine import check_supported, decode_greedy, decode_speculative, s
 from decoder.loop import Cycle, Generation, serve_requests
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
 from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
-from decoder.pools import TenantPools, check_index, index_summary, resolve_budget, warmup_note
+from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, key_device, resolve_budget, warmup_note
 
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in
@@ -111,24 +112,25 @@ class DecodeConfig:
     dtype: str | None = None  # default float32 on CPU, bfloat16 on CUDA
     device: str | None = None
     progress: bool = True
-    index: str = "exact"  # --index: the semantic key's index (data/stateindex.py); exact = the float16 matrix
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/stateindex.py; decoder/pools.py)
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
-    knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
+    knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     rounds: int = 1  # --rounds: every arm serves the benchmark this many times, the order rotated each round
     static_compile: bool | None = None  # ar-static: None = compile (decoder/reference.py), False = --no-compile
 
-    def shared(self) -> dict:
-        """Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
-        return {"index": self.index, "knn_recall_every": self.knn_recall_every,
-                "index_train_size": self.index_train_size}
+    def shared(self, device: torch.device | str = "cpu") -> dict:
+        """Config fields every arm with a semantic pool takes (make_drafter's `shared`), the key's states on
+        the model's `device` when it is a GPU (decoder/pools.py PoolSettings)."""
+        return PoolSettings(self.index, None, self.knn_recall_every, self.index_train_size,
+                            key_device(device)).shared()
 
 
 def library_factory(name: str) -> ArmFactory:
     """A library arm, or a variant of one (`arm@field=value:...`, decoder/drafters parse_variant)."""
     from decoder.drafters import make_drafter
 
-    return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes, shared=cfg.shared())
+    return lambda lm, cfg: make_drafter(name, vocab_size=lm.vocab_size, nodes=cfg.nodes, shared=cfg.shared(lm.device))
 
 
 def library_drafters() -> dict[str, ArmFactory]:
@@ -321,7 +323,7 @@ def summarize(run: ArmRun, reference: ArmRun | None, request_ids: list[str], bas
         "retrieval_fraction": retrieval_s / cycle_s if stats and cycle_s else None,
         "store_bytes_per_token": stats.get("store_bytes_per_token") if stats else None,
         "drafter_stats": stats or None,
-        **index_summary(stats, base.get("index", "exact")),
+        **index_summary(stats, base.get("index", DEFAULT_INDEX)),
         **(run.pools or {"tenants": None, "store_budget_tokens": base.get("store_budget_tokens"),
                          "max_pool_tokens": None, "pool_evictions": None, "evicted_traces": None}),
         "stop_reasons": stops,

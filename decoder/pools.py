@@ -2,10 +2,12 @@
 
 Three settings, shared by the decoder (`python -m decoder`) and replay (`python -m decoder replay`):
 
-  --index SPEC        the semantic key's index (data/stateindex.py). `exact` (default) is the
-                      float16 matrix of decoder/drafters/semantic.py, unchanged; any other spec
-                      keeps the states in a faiss `StateIndex`. It reaches every arm with a
-                      semantic pool through `make_drafter(shared={"index": ...})`.
+  --index SPEC        the semantic key's index (data/stateindex.py). `auto` (default) is the
+                      float16 matrix of decoder/drafters/semantic.py, every row scored while the
+                      pool is small, then only the candidates of an inverted file trained on the
+                      pool (data/pruner.py); `exact` always scores every row; a faiss spec keeps
+                      the states in a faiss `StateIndex`. It reaches every arm with a semantic
+                      pool through `make_drafter(shared={"index": ...})`.
   --store-budget B    the pool holds at most B generated tokens (or B megabytes at data.budget's
                       `bytes_per_token`), whole traces in serving order:
                       request r drafts only from requests s(r) .. r-1 with s = data.budget's
@@ -33,31 +35,42 @@ from typing import Any, Callable, Iterable, Sequence
 from data.budget import bytes_per_token, check_budget, parse_budget, window_starts
 from data.errors import OilbirdError
 from data.schema import prompt_hash
-from data.stateindex import IndexSpec, parse_index_spec
+from data.stateindex import DEFAULT_INDEX, IndexSpec, parse_index_spec
 from decoder.draft import Drafter
 
+INDEX_HELP = ("the semantic key's index: auto (default: exact float16 scoring while the pool is small, then an "
+              "inverted file trained on the pool prunes the rows scored), exact (every row), or a faiss spec: "
+              "flat, sq8, pq64, pca128,sq8, opq64,pq64, ivf1024,pq64 (nprobe=N), hnsw32 (efsearch=N)")
 SETTINGS = ("knn_recall_every", "knn_recall_k")  # drafter stats that are settings: merged by max, not summed
 
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """The pool as a run configures it (defaults: today's unbounded exact pool)."""
+    """The pool as a run configures it (defaults: the auto index, unbounded)."""
 
-    index: str = "exact"  # --index: the semantic key's index spec (data/stateindex.py)
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index spec (data/stateindex.py)
     budget_tokens: int | None = None  # --store-budget in tokens; None = unbounded
-    knn_recall_every: int = 8  # faiss index: every Nth trained query is repeated exactly (knn_recall); 0 = off
+    knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query is repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
+    key_device: str = "cpu"  # where the key's states live and its queries run: the model's GPU when it has one
 
     def shared(self) -> dict:
         """The Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
         return {"index": self.index, "knn_recall_every": self.knn_recall_every,
-                "index_train_size": self.index_train_size}
+                "index_train_size": self.index_train_size, "key_device": self.key_device}
+
+
+def key_device(model_device) -> str:
+    """The semantic key's device for a model on `model_device`: its GPU (the float16 rows there, one fused
+    score, mask and top-k per query, one copy back), else the CPU (where the auto index prunes)."""
+    kind = getattr(model_device, "type", str(model_device).split(":")[0])
+    return str(model_device) if kind == "cuda" else "cpu"
 
 
 def check_index(text: str | None, d: int | None) -> IndexSpec:
     """The parsed --index spec (one line on a bad one, or when faiss is missing for a faiss spec)."""
-    spec = parse_index_spec(text or "exact", d)
-    if not spec.exact:
+    spec = parse_index_spec(text or DEFAULT_INDEX, d)
+    if spec.factory is not None:  # auto without faiss stays exact (its active_index says so)
         if importlib.util.find_spec("faiss") is None:
             raise OilbirdError(f"--index {spec.text} needs faiss (pip install faiss-cpu); "
                                "--index exact needs nothing")
@@ -68,7 +81,7 @@ def warmup_note(spec: IndexSpec, train_size: int, most_states: float) -> str | N
     """A note when a trained coder can never train: the pool never holds the states it collects first,
     so every query is answered exactly from its warm-up buffer (what `warmup_queries` then counts)."""
     need = max(spec.train_min, train_size or spec.train_size)
-    if spec.exact or need == 0 or most_states >= need:
+    if spec.exact or spec.auto or need == 0 or most_states >= need:
         return None
     return (f"index {spec.text} trains once it holds {need} states and the pool never holds more than "
             f"{int(most_states)}: every query is answered exactly from its warm-up buffer (warmup_queries)")
@@ -196,7 +209,8 @@ def merge_stats(stats: list[dict]) -> dict | None:
 
 
 def index_summary(stats: dict | None, spec: IndexSpec | str) -> dict:
-    """summary.json's index block for an arm: the spec, bytes per state, warm-up queries, knn_recall."""
+    """summary.json's index block for an arm: the spec, what answered at the end (`active_index`: auto's
+    phase, e.g. auto:pca128,ivf256,sq8,nprobe=4,rerank=4k), bytes per state, warm-up queries, knn_recall."""
     has_states = bool(stats) and "bytes_per_state" in stats and bool(stats.get("pool_states"))
     recall = None
     if has_states and stats.get("knn_recall_queries"):
@@ -204,9 +218,10 @@ def index_summary(stats: dict | None, spec: IndexSpec | str) -> dict:
         recall = {"value": stats["knn_recall_hits"] / total if total else None, "k": stats.get("knn_recall_k"),
                   "queries": stats["knn_recall_queries"], "every": stats.get("knn_recall_every"),
                   "hits": stats["knn_recall_hits"], "total": total,
-                  "definition": "recall@k of the rows against an exact float16 query over the same rows, "
-                                "on every Nth query the trained index answered"}
+                  "definition": "tie-aware recall@k (data/knnrecall.py) of the rows against an exact float16 "
+                                "query over the same rows, on every Nth query the pruned or trained index answered"}
     return {"index": spec if isinstance(spec, str) else spec.text,
+            "active_index": stats.get("active_index") if has_states else None,
             "bytes_per_state": stats.get("bytes_per_state") if has_states else None,
             "warmup_queries": stats.get("warmup_queries") if has_states else None,
             "index_trained": stats.get("index_trained") if has_states else None,

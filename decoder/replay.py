@@ -18,8 +18,9 @@ verification forward against node count and context (decoder/profile.py, `python
 profile`): estimated arm time = prefill + sum over passes of verify(nodes, context) + drafting +
 update + pool insertion; plain greedy = prefill + verify(0, context) per token.
 
-Pools (decoder/pools.py): `--index SPEC` puts the semantic key's states in a faiss index instead of
-the float16 matrix (exact, the default, is unchanged); `--store-budget B` bounds the past pool to the
+Pools (decoder/pools.py): `--index SPEC` picks the semantic key's index (default auto: the float16
+matrix, pruned by an inverted file once the pool is large; exact scores every row; a faiss spec
+keeps the states in faiss instead); `--store-budget B` bounds the past pool to the
 data/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
 column gets one drafter per tenant, so no request drafts from another tenant's traces.
 
@@ -44,13 +45,13 @@ import numpy as np
 from data.budget import check_budget
 from data.errors import OilbirdError
 from data.layout import default_profile_path, model_slug, replay_dir, store_dir
-from data.stateindex import check_trainable
+from data.stateindex import DEFAULT_INDEX, check_trainable
 from data.stats import RequestBootstrap
 from data.store import current_summary, open_store, store_fingerprint
 from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM
-from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
+from decoder.pools import INDEX_HELP, PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
 from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
 
 # DECISION_ARMS (decoder/policy.py) is what `make census` replays: the key on and off, two lexical baselines.
@@ -74,9 +75,9 @@ class ReplayConfig:
     profile: str | None = None  # None = runs/profiles/<model slug>-cpu.json when it exists
     jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores)
     progress: bool = True
-    index: str = "exact"  # --index: the semantic key's index (data/stateindex.py); exact = the float16 matrix
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/stateindex.py; decoder/pools.py)
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
-    knn_recall_every: int = 8  # faiss index: every Nth trained query repeated exactly for knn_recall; 0 = off
+    knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     results_dir: str | None = None  # where the arm folders go (default runs/<bench>/<model>/replay[-warm])
     pair_against: str | None = None  # every arm's paired tau gain against this arm (default: PAIRED, oilbird vs oilbird-no-semantic)
@@ -202,7 +203,7 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
     from data.models import pick_device
 
     check_config(cfg)
-    if cfg.store or cfg.results_dir or cfg.index != "exact" or cfg.store_budget:
+    if cfg.store or cfg.results_dir or cfg.index != DEFAULT_INDEX or cfg.store_budget:
         return False  # only the default layout is looked up
     slug = model_slug(cfg.model)
     root, store = replay_dir(cfg.out, cfg.bench, slug, cfg.pool), store_dir(cfg.out, cfg.bench, slug)
@@ -211,7 +212,7 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
         for nodes in cfg.nodes:
             folder = root / arm / ("" if len(cfg.nodes) == 1 else f"nodes-{nodes}")
             s = current_summary(folder / "summary.json", store, nodes=nodes, pool=cfg.pool, limit=cfg.limit,
-                                bootstrap_draws=cfg.bootstrap, seed=cfg.seed)
+                                bootstrap_draws=cfg.bootstrap, seed=cfg.seed, index=cfg.index)
             if s is None or (cfg.max_new_tokens and s.get("max_new_tokens") != cfg.max_new_tokens):
                 return False
             if s.get("estimate") is None and profile.exists():
@@ -338,7 +339,7 @@ def check_index_fits(spec, cfg: ReplayConfig, arms: list[str], traces: list[Trac
     """A faiss index must be trainable on the states any pool could hold; the note when it never trains."""
     from decoder.drafters import make_drafter
 
-    if spec.exact or not any(uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1)) for a in arms):
+    if spec.exact or spec.auto or not any(uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1)) for a in arms):
         return None
     # the most states any pool could hold: the replayed traces' valid states
     n_states = sum(int(np.count_nonzero(np.abs(tr.hidden).sum(axis=1))) for tr in traces)
@@ -462,9 +463,7 @@ def replay_main(argv: list[str] | None = None) -> int:
         p.add_argument("--store", default=None, help="trace store folder (default runs/<bench>/<model>/traces)")
         p.add_argument("--out", default="runs", help="output root (default runs/)")
         p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core, at most one per arm)")
-        p.add_argument("--index", default="exact", metavar="SPEC",
-                       help="the semantic key's index: exact (default, float16 matrix) or a faiss spec: flat, sq8, "
-                            "pq64, pca128,sq8, opq64,pq64, ivf1024,pq64 (nprobe=N), hnsw32 (efsearch=N)")
+        p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)
         p.add_argument("--store-budget", default=None, metavar="B",
                        help="bound the past pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest "
                             "traces leave when a join exceeds it, down to 7/8 of it (default: unbounded)")

@@ -124,8 +124,8 @@ def replay_table(result: Result, notes: list[str]) -> str:
     """Replay arms (strictly-past pool) beside the live decoder's, one row per arm."""
     live = {a.name: a for a in result.arms}
     names = [a.name for a in result.replay] + [a.name for a in result.arms if named(result.replay, a.name) is None]
-    head = ["arm", "nodes", "tau [95%]", "est. speedup [95%]", "exact", "sole-source share, committed tokens",
-            "… of accepted draft tokens"]
+    head = ["arm", "nodes", "tau [95%]", "est. speedup [95%]", "drafting ms / pass (median)", "exact",
+            "sole-source share, committed tokens", "… of accepted draft tokens"]
     if live:
         head += ["live tau", "live speedup (measured)"]
     rows = []
@@ -133,10 +133,10 @@ def replay_table(result: Result, notes: list[str]) -> str:
         r, lv = named(result.replay, name), live.get(name)
         if r is not None:
             tau, iv = tau_of(r.summary)
-            row = [esc(name), number(r.nodes), with_iv(tau, iv), speed_cell(r), exact_cell(r.summary, notes),
-                   share_text(r.shares.get("committed")), share_text(r.shares.get("draft"))]
+            row = [esc(name), number(r.nodes), with_iv(tau, iv), speed_cell(r), drafting_cell(r.summary),
+                   exact_cell(r.summary, notes), share_text(r.shares.get("committed")), share_text(r.shares.get("draft"))]
         else:
-            row = [esc(name) + " (live only)", "–", "–", "–", "–", "–", "–"]
+            row = [esc(name) + " (live only)", "–", "–", "–", "–", "–", "–", "–"]
         if live:
             if lv is not None:
                 ltau, liv = tau_of(lv.summary)
@@ -146,11 +146,36 @@ def replay_table(result: Result, notes: list[str]) -> str:
         rows.append(row)
     caption = ("Replay over the captured traces, strictly-past pool. tau = committed tokens per verification pass "
                "(request-bootstrap 95% interval); est. speedup = estimated from a verification-cost profile "
-               "(none: no profile); exact = the replay makes the same passes as live decoding (see the notes).")
+               "(none: no profile); drafting = the drafter's time per pass on this machine, mean (median), which "
+               "the estimate prices; exact = the replay makes the same passes as live decoding (see the notes).")
+    caption += key_index_text([named(result.replay, n) for n in names])
     if live:
         caption += (" Live columns: the decoder run on the model (decode/); live results are the ground truth, "
                     "measured where the replay estimates.")
-    return table(head, rows, {1, 2, 3} | ({7, 8} if live else set()), caption=caption)
+    return table(head, rows, {1, 2, 3, 4} | ({8, 9} if live else set()), caption=caption)
+
+
+def drafting_cell(summary: dict) -> str:
+    """Drafting time per pass in ms: mean (median)."""
+    d = summary.get("draft_s_per_pass") or {}
+    mean, p50 = d.get("mean"), d.get("p50")
+    if not finite(mean):
+        return "–"
+    return f"{1e3 * mean:.3f}" + (f" ({1e3 * p50:.3f})" if finite(p50) else "")
+
+
+def key_index_text(runs) -> str:
+    """One sentence per arm whose key answered from an index: what answered at the end and its measured
+    recall (summary.json's index block)."""
+    out = []
+    for r in runs:
+        if r is None or not r.summary.get("active_index"):
+            continue
+        rec = r.summary.get("knn_recall") or {}
+        recall = (f", tie-aware recall@{rec.get('k')} against exact {rec['value']:.3f} on {rec.get('queries'):,} "
+                  "sampled queries" if finite(rec.get("value")) else "")
+        out.append(f"{r.name}'s key: {r.summary['active_index']}{recall}")
+    return (" The semantic key's index: " + "; ".join(esc(t) for t in out) + ".") if out else ""
 
 
 def exact_notes(notes: list[str]) -> str:

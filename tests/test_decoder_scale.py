@@ -394,7 +394,7 @@ def test_replay_index_and_budget_summary(story_store, tmp_path):
     for arm in arms:
         b, a = base[(arm, 60)], again[(arm, 60)]
         assert a["passes"] == b["passes"] and a["accepted_by_source"] == b["accepted_by_source"], arm
-        assert b["index"] == "exact" and b["store_budget"] is None and b["tenants"] == 1
+        assert b["index"] == "auto" and b["store_budget"] is None and b["tenants"] == 1
         assert a["store_budget_tokens"] == 1_000_000 and a["pool_evictions"] == 0
         assert 0 < b["max_pool_tokens"] < b["generated_tokens"]  # all but the last trace
     assert base[("oilbird", 60)]["bytes_per_state"] == 2 * 64 and base[("oilbird", 60)]["knn_recall"] is None
@@ -409,10 +409,13 @@ def test_replay_index_and_budget_summary(story_store, tmp_path):
     rec = s["knn_recall"]
     assert rec is not None and rec["queries"] > 0 and 0 <= rec["value"] <= 1 and rec["total"] > 0
     assert sq[("suffix", 60)]["knn_recall"] is None and sq[("suffix", 60)]["index"] == "sq8"
-    mb = run_replay(ReplayConfig(arms=("suffix",), store_budget="0.01MB", **cfg))[("suffix", 60)]
+    mb = run_replay(ReplayConfig(arms=("suffix",), store_budget="0.01MB", index="exact", **cfg))[("suffix", 60)]
     per_token = 2 * 64 + 20  # exact float16 state, two row pointers, the token
     assert mb["store_budget"]["bytes_per_token"] == per_token
     assert mb["store_budget_tokens"] == int(0.01 * 2 ** 20 / per_token)
+    mb = run_replay(ReplayConfig(arms=("suffix",), store_budget="0.01MB", **cfg))[("suffix", 60)]
+    per_token = 2 * 64 + 64 + 8 + 20  # auto: the float16 state and the pruner's 8-bit row (d < 256: unprojected) and id
+    assert mb["store_budget"]["bytes_per_token"] == per_token
 
 
 def _cli(argv, capsys):
@@ -456,7 +459,7 @@ def test_serve_tenants_and_budget(stories, tmp_path):
             per.setdefault(r, []).append((n, a, c))
         if arm == "suffix":  # tenant b's first request starts from an empty pool, as tenant a's did
             assert per[3] == per[0]
-    assert s["ar"]["tenants"] is None and s["suffix"]["index"] == "exact"
+    assert s["ar"]["tenants"] is None and s["suffix"]["index"] == "auto"
     code = decoder_main(["--bench", f"jsonl:{path}", "--model", "stories260k", "--arms", "suffix", "--out", out,
                          "--max-new-tokens", "24", "--store-budget", "3", "--quiet"])
     assert code == 2  # below one trace: refused after ar, before any drafter arm

@@ -1461,3 +1461,19 @@ def test_decoder_table_shows_mismatch_kinds():
     mixed = {**exact, "matched": 5, "numeric": 3, "dtype": "bfloat16", "mismatches": [{}, {}, {}]}
     assert audit_cell(mixed) == "5/8 (3 numeric, 0 algorithmic, bfloat16)"
     assert audit_cell({"matched": 4, "requests": 4}) == "4/4" and audit_cell(None) == "n/a"
+
+
+def test_replay_table_drafting_and_key_index_cells():
+    """The replay table prices drafting per pass (mean, median) and names the key's index and recall, escaped."""
+    from types import SimpleNamespace
+
+    from reports.arms import drafting_cell, key_index_text
+
+    assert drafting_cell({"draft_s_per_pass": {"mean": 0.000279, "p50": 0.000262}}) == "0.279 (0.262)"
+    assert drafting_cell({}) == "–"
+    on = SimpleNamespace(name="oilbird", summary={"active_index": "auto:pca128,ivf256,sq8<x>",
+                                                 "knn_recall": {"value": 0.9812, "k": 8, "queries": 612}})
+    off = SimpleNamespace(name="suffix", summary={"active_index": None})
+    text = key_index_text([on, off, None])
+    assert "key: auto:pca128,ivf256,sq8&lt;x&gt;, tie-aware recall@8 against exact 0.981 on 612" in text
+    assert "suffix" not in text and key_index_text([off]) == ""

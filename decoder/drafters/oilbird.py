@@ -6,8 +6,9 @@ One step, as deployed (every default is an `OilbirdConfig` field):
                  nothing = one AR step) and query nothing else;
   2. lexical   - `build_lexical` (spine, top-3 branches, adjacency) with budget - B_ret nodes
                  (B_ret = `retrieval_budget` = 16 of 60);
-  3. key       - s_i = cos(h_t, h_i) over the pool, E_t = top-k (k = 8); fires when max s >= theta
-                 (0.8) and self-calibration is not muting it; each neighbour, by decreasing s, gives
+  3. key       - s_i = cos(h_t, h_i) over the pool, E_t = top-k (k = 8), asked unless the request
+                 has gone 8 passes without a key hit (then every 4th pass: `RequestPatience`) or
+                 self-calibration mutes it; fires when max s >= theta (0.8); each neighbour, by decreasing s, gives
                  the chain x[i+2 : i+2+D(s)] (see `semantic.py`), chains >= 2 tokens, deduplicated;
   4. candidates- then the automaton's top-3 branches (<= 32 tokens) and up to 4 rejected-branch
                  rollouts (anchor token equal, cos >= 0.8);
@@ -15,10 +16,10 @@ One step, as deployed (every default is an `OilbirdConfig` field):
                  and credited, not bought) until B_ret new nodes are spent.
 The engine verifies the tree and commits the accepted path and the bonus token; `observe` takes h_t
 (the state at the last accepted node, or the anchor's: the state that predicted the bonus, uncorrected),
-feeds the adjacency table, the rejected-branch ring buffer and self-calibration; `add_trace`
+feeds the adjacency table, the rejected-branch ring buffer, the patience and self-calibration; `add_trace`
 appends the finished trace's generated tokens and states to the pool (same-prompt traces are masked
 out of every query). The states come from the verification forwards (`VerifyResult.hidden`), never
-from an extra pass. `index` picks the key's index (exact float16 matrix by default, or a faiss spec,
+from an extra pass. `index` picks the key's index (auto by default, exact, or a faiss spec,
 see `SemanticPool`); `evict_traces` drops the oldest traces from every pool (--store-budget). The
 first pass of a request has no h_t (the prefill computes no state at the last prompt token), so it
 drafts without the key and the rollouts.
@@ -80,12 +81,14 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from data.schema import prompt_hash as hash_prompt
+from data.stateindex import DEFAULT_INDEX
 from decoder.draft import ROOT, Draft, Drafter
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_match
-from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SelfCalibration, SemanticPool,
+from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, RequestPatience, SelfCalibration,
+                                       SemanticPool,
                                        copy_depth, ngram_continuation, rejected_records, semantic_chains)
 
 SEMANTIC, ROLLOUT, POOL = "semantic", "rollout", "pool"
@@ -125,7 +128,10 @@ class OilbirdConfig:
     calib_window: int = 32  # self-calibration (see semantic.SelfCalibration): buying passes judged; 0 = off
     calib_min_hit_rate: float = 1 / 32  # muted below this hit rate over a full window
     calib_cooldown: int = 64  # passes a muted key skips before it returns
-    index: str = "exact"  # the key's index (data/stateindex.py spec): exact = the float16 matrix; faiss otherwise
+    key_patience: int = 8  # passes without a hit, inside a request, before the key goes quiet (semantic.RequestPatience)
+    key_probe_every: int = 4  # a quiet key is still queried every this many passes; key_patience 0 = always query
+    index: str = DEFAULT_INDEX  # the key's index (data/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
+    key_device: str = "cpu"  # where the key's states live and its queries run (cuda: the model's GPU)
     index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
     knn_recall_every: int = 8  # faiss index: every Nth trained query also runs exactly (knn_recall); 0 = off
     one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
@@ -137,16 +143,17 @@ class OilbirdConfig:
 ARM_PRESETS: dict[str, dict] = {
     "oilbird": {},
     "oilbird-no-semantic": {"semantic": False},
-    "semantic-only": {"host": "none"},
-    "semantic-null": {"host": "none", "key_level": "null"},
+    "semantic-only": {"host": "none", "key_patience": 0},  # the key is the only source: never quiet
+    "semantic-null": {"host": "none", "key_level": "null", "key_patience": 0},
     "oilbird-root-attached": {"attach": "root"},
     "oilbird-request-key": {"key_level": "request", "rank_depths": RANK_DEPTHS},
     "oilbird-fixed-depth": {"rank_depths": RANK_DEPTHS},
     "oilbird-one-source": {"one_source": True},
-    "pld+pool": {"host": "pld", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
-    "recycling+pool": {"host": "recycling", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0},
-    "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0},
-    "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0},
+    "pld+pool": {"host": "pld", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0, "key_patience": 0},
+    "recycling+pool": {"host": "recycling", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0,
+                       "key_patience": 0},
+    "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0, "key_patience": 0},  # the rung: the key always asked
+    "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0, "key_patience": 0},
 }
 
 
@@ -209,9 +216,10 @@ class OilbirdDrafter(Drafter):
         self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
         # the +pool rungs: the pool under the host's own key (pld: n-grams <= pld_max_ngram; recycling: 1-grams)
         self.host_pool = (PoolNgramIndex(c.pld_max_ngram if c.host == "pld" else 1) if c.host_pool else None)
-        self.pool = SemanticPool(c.index, c.knn_recall_every, c.index_train_size or None)
+        self.pool = SemanticPool(c.index, c.knn_recall_every, c.index_train_size or None, c.key_device)
         self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
         self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
+        self.patience = RequestPatience(c.key_patience, c.key_probe_every)
         self.h_t: np.ndarray | None = None  # the query state: what the last verification left
         self._first_state: np.ndarray | None = None  # this request's first state (the prompt's last token)
         self._prompt_hash: Hashable | None = None
@@ -263,6 +271,7 @@ class OilbirdDrafter(Drafter):
         self.h_t = self._first_state = None
         self._selected = None
         self._bought = set()
+        self.patience.begin()
 
     # ------------------------------------------------------------ one step
     def _host(self, context: Sequence[int], budget: int, chains=None) -> tuple[Draft, bool]:
@@ -287,7 +296,8 @@ class OilbirdDrafter(Drafter):
     def _key_chains(self, context: Sequence[int]) -> list[Chain]:
         """The semantic key's chains for this pass (timed into semantic_time_s)."""
         c = self.config
-        if not c.semantic or c.key_level == "null" or self.h_t is None or not self.calibration.allow():
+        if (not c.semantic or c.key_level == "null" or self.h_t is None or not self.patience.allow()
+                or not self.calibration.allow()):
             return []
         t0, shadow0 = time.perf_counter(), self.pool.shadow_s
         self.tally["key_queries"] += 1
@@ -424,8 +434,9 @@ class OilbirdDrafter(Drafter):
         c = self.config
         if self.table is not None:
             self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
+        hit = bool(self._bought) and any(i in self._bought for i in result.accepted_nodes)
+        self.patience.record(hit)
         if self._bought:
-            hit = any(i in self._bought for i in result.accepted_nodes)
             self.calibration.record(hit)
             self.tally["key_buying_passes"] += 1
             self.tally["key_hits"] += hit
@@ -451,6 +462,8 @@ class OilbirdDrafter(Drafter):
             "semantic_key": self.config.semantic and self.config.key_level != "null",
             "calibration_mutes": self.calibration.mutes,
             "calibration_skipped": self.calibration.skipped,
+            "patience_skipped": self.patience.skipped,
+            "patience_probes": self.patience.probes,
             "pool_tokens": n_tok,
             "pool_states": self.pool.n,
             "store_bytes": self.pool.nbytes(),
