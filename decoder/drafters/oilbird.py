@@ -88,8 +88,7 @@ from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_match
 from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, RequestPatience, SelfCalibration,
-                                       SemanticPool,
-                                       copy_depth, ngram_continuation, rejected_records, semantic_chains)
+                                       SemanticPool, copy_depth, ngram_continuation, rejected_records, semantic_chains)
 
 SEMANTIC, ROLLOUT, POOL = "semantic", "rollout", "pool"
 HOSTS = ("lexical", "pld", "recycling", "none")
@@ -133,7 +132,7 @@ class OilbirdConfig:
     index: str = DEFAULT_INDEX  # the key's index (data/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
     key_device: str = "cpu"  # where the key's states live and its queries run (cuda: the model's GPU)
     index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
-    knn_recall_every: int = 8  # faiss index: every Nth trained query also runs exactly (knn_recall); 0 = off
+    knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query also runs exactly (knn_recall); 0 = off
     one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
     one_source_min_match: int = 5  # one_source: the lexical draft when its automaton match is at least this
     #                                long, else the semantic draft (SAM-Decoding's len_threshold, 5)
