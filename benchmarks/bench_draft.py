@@ -74,11 +74,12 @@ from data.layout import bench_dir, model_slug, store_dir  # noqa: E402
 from data.schema import prompt_hash  # noqa: E402
 from data.stateindex import unit  # noqa: E402
 from data.store import open_store, store_fingerprint  # noqa: E402
-from decoder.draft import ROOT, Draft, Drafter  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
 from decoder.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
+from draft_arctic import ARCTIC, ARCTIC_SETTINGS, ArcticDrafter, load_arctic  # noqa: E402
+from draft_report import format_table, format_targets, format_whole, ms_distribution, ms_text  # noqa: E402
 from draft_rounds import BEFORE_ARM, replay_rounds, whole_store_targets  # noqa: E402
 from tiling import Disguise, make_disguise, noise_scale, store_vocab  # noqa: E402
 
@@ -87,8 +88,6 @@ TARGET_QUERY_MS = {65536: 0.3, 1048576: 1.0}  # pool states -> the key's median 
 TARGET_RECALL = 0.95  # ... with at least this tie-aware recall against exact
 TARGET_DRAFT_RATIO = 1.5  # oilbird's drafting per pass over oilbird-no-semantic's (whole store), mean and median
 TARGET_TAU = 0.99  # oilbird's tau over the whole store, at least this x the key as it was (BEFORE_ARM)
-ARCTIC = "arcticinference"  # the row name of ArcticInference's SuffixDecodingCache
-ARCTIC_SETTINGS = {"max_tree_depth": 64, "max_spec_factor": 4.0, "min_token_prob": 0.1, "use_tree_spec": True}
 RECALL_CHUNK = 65536  # pool rows scored at once by the exact search
 
 
@@ -282,75 +281,7 @@ def exact_recall(samples: Sequence[QuerySample], tol: float = TIE_TOLERANCE, chu
 
 # ---------------------------------------------------------------- ArcticInference
 
-def load_arctic():
-    """(ArcticInference's SuffixDecodingCache class, None) when it imports, else (None, why not)."""
-    try:
-        from arctic_inference.suffix_decoding import SuffixDecodingCache
-    except Exception as e:  # not installed, or a build that fails to load
-        return None, (f"arctic_inference is not installed here ({type(e).__name__}: {e}); "
-                      "`pip install arctic-inference` to time its SuffixDecodingCache.speculate on the same contexts")
-    return SuffixDecodingCache, None
-
-
-class ArcticDrafter(Drafter):
-    """ArcticInference's SuffixDecodingCache behind the Drafter contract, so the one loop runs it: the request's
-    prompt in its local tree, each committed token added to the active response (ArcticInference's own
-    serving use), a warm trace cached as a finished response. It has no same-prompt exclusion."""
-
-    name = ARCTIC
-
-    def __init__(self, cache_class, settings: dict = ARCTIC_SETTINGS) -> None:
-        self.settings = dict(settings)
-        self.cache = cache_class(max_tree_depth=self.settings["max_tree_depth"])
-        self.serial = 0
-        self.active = None
-
-    def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
-        self.serial += 1
-        self.active = ("served", self.serial)
-        self.cache.start_request(self.active, [int(t) for t in prompt])
-
-    def propose(self, context: Sequence[int], budget: int) -> Draft:
-        s = self.settings
-        if budget <= 0:
-            return Draft()
-        pattern = [int(t) for t in context[-s["max_tree_depth"]:]]
-        out = self.cache.speculate(self.active, pattern, max_spec_tokens=budget, max_spec_factor=s["max_spec_factor"],
-                                   min_token_prob=s["min_token_prob"], use_tree_spec=s["use_tree_spec"])
-        draft, node_of = Draft(), {ROOT: ROOT}
-        for i, (tok, parent) in enumerate(zip(out.token_ids, out.parents)):
-            base = node_of.get(int(parent))
-            if base is None or len(draft) >= budget:
-                continue
-            node = draft.child(base, int(tok))
-            node_of[i] = draft.add_node(base, int(tok), ARCTIC) if node is None else node
-        return draft
-
-    def observe(self, context: Sequence[int], result) -> None:
-        self.cache.add_active_response(self.active, [int(t) for t in result.committed])
-
-    def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None, hidden=None) -> None:
-        if self.active is not None:  # the request just served: its response is cached already
-            self.cache.stop_request(self.active)
-            self.active = None
-            return
-        self.serial += 1
-        rid = ("warm", self.serial)
-        self.cache.start_request(rid, [])
-        self.cache.add_active_response(rid, [int(t) for t in output])
-        self.cache.stop_request(rid)
-
-
 # ---------------------------------------------------------------- one (arm, size)
-
-def ms_distribution(seconds: Sequence[float]) -> dict:
-    """median, p99, mean (and count) in milliseconds."""
-    v = 1e3 * np.asarray(seconds, np.float64)
-    if not len(v):
-        return {"median": None, "p99": None, "mean": None, "count": 0}
-    return {"median": round(float(np.median(v)), 5), "p99": round(float(np.percentile(v, 99)), 5),
-            "mean": round(float(v.mean()), 5), "count": int(len(v))}
-
 
 def run_row(arm: str, size: int, w: Workload, settings: PoolSettings, nodes: int, recall_sample: int,
             progress: bool, arctic_class=None) -> dict:
@@ -467,70 +398,6 @@ def size_ratios(rows: Sequence[dict]) -> dict:
         if a["mean"] and b["mean"] and a["median"] and b["median"]:
             out[str(size)] = {"mean": round(a["mean"] / b["mean"], 3), "median": round(a["median"] / b["median"], 3)}
     return out
-
-
-def verdict(holds) -> str:
-    return "n/a" if holds is None else ("PASS" if holds else "FAIL")
-
-
-def _ms(d: dict | None, key: str) -> str:
-    v = (d or {}).get(key)
-    return "-" if v is None else f"{v:.3f}"
-
-
-def format_table(rows: Sequence[dict]) -> str:
-    head = ("arm", "pool states", "index", "tau", "draft ms med", "p99", "mean", "query ms med", "p99", "recall",
-            "warm s", "serve s")
-    lines = []
-    for r in rows:
-        if r.get("absent"):
-            lines.append((r["arm"], "-", "-", "absent", "", "", "", "", "", "", "", ""))
-            continue
-        rec = r.get("recall_vs_exact")
-        lines.append((r["arm"], f"{r['pool_states']:,}", r.get("index") or "-",
-                      "-" if r.get("tau") is None else f"{r['tau']:.2f}",
-                      _ms(r["draft_ms_per_pass"], "median"), _ms(r["draft_ms_per_pass"], "p99"),
-                      _ms(r["draft_ms_per_pass"], "mean"), _ms(r.get("query_ms"), "median"),
-                      _ms(r.get("query_ms"), "p99"), "-" if rec is None else f"{rec:.3f}",
-                      f"{r['warm_s']:.1f}", f"{r['serve_s']:.1f}"))
-    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines)]
-    fmt = lambda cells: "  ".join(str(c).ljust(w) if i < 3 else str(c).rjust(w)  # noqa: E731
-                                  for i, (c, w) in enumerate(zip(cells, widths)))
-    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, lines)])
-
-
-def format_whole(block: dict) -> str:
-    """The whole-store rounds, one line per arm: tau, drafting per pass (median over rounds [range])."""
-    lines = [f"whole store ({block['requests']} requests, {block['rounds']} rounds, arms interleaved):"]
-    for arm, a in block["arms"].items():
-        m, d = a["draft_ms_per_pass"]["mean"], a["draft_ms_per_pass"]["median"]
-        lines.append(f"  {arm:36} tau {a['tau']:.4f}  draft ms/pass mean {m['median']:.3f} [{m['min']:.3f}-"
-                     f"{m['max']:.3f}]  median {d['median']:.3f}  key queries {a['key_queries']}")
-    if "draft_ratio" in block:
-        r = block["draft_ratio"]
-        lines.append(f"  drafting {ON_ARM} / {OFF_ARM}: x{r['mean']['median']:.2f} by mean, x{r['median']['median']:.2f}"
-                     " by median")
-    if "draft_speedup_vs_before" in block:
-        lines.append(f"  drafting {BEFORE_ARM} / {ON_ARM}: x{block['draft_speedup_vs_before']['median']:.2f} "
-                     f"by mean; tau {ON_ARM} / before: x{block['tau_vs_before']:.4f}")
-    return "\n".join(lines)
-
-
-def format_targets(targets: Sequence[dict]) -> str:
-    lines = []
-    for t in targets:
-        m = t["measured"]
-        if m is None:
-            got = "not run"
-        elif "query_ms_median" in m:
-            rec = "-" if m["recall"] is None else f"{m['recall']:.3f}"
-            got = f"median {m['query_ms_median']:.3f} ms, recall {rec}"
-        elif "tau_ratio" in m:
-            got = f"x{m['tau_ratio']:.4f}"
-        else:
-            got = f"x{m['mean']:.2f} by mean, x{m['median']:.2f} by median"
-        lines.append(f"{verdict(t['holds']):4}  {t['name']}: {got} (target: {t['rule']})")
-    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- the command
@@ -692,8 +559,8 @@ def main(argv=None) -> int:
             atomic_write_json(out_path, result)  # a long run keeps what it measured so far
             if not args.quiet:
                 q = row.get("query_ms") or {}
-                print(f"  {arm} @ {size:,}: draft {_ms(row['draft_ms_per_pass'], 'median')} ms/pass (median), "
-                      f"query {_ms(q, 'median')} ms, warm {row['warm_s']:.1f} s, serve {row['serve_s']:.1f} s",
+                print(f"  {arm} @ {size:,}: draft {ms_text(row['draft_ms_per_pass'], 'median')} ms/pass (median), "
+                      f"query {ms_text(q, 'median')} ms, warm {row['warm_s']:.1f} s, serve {row['serve_s']:.1f} s",
                       file=sys.stderr)
     if arctic_class is None:
         result["rows"].append(absent_row(ARCTIC, arctic_note))

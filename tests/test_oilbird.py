@@ -18,8 +18,9 @@ from decoder.drafters import PRESETS, arm_names, make_drafter
 from decoder.drafters.lexical import LexicalConfig, build_lexical
 from decoder.drafters.oilbird import ARM_PRESETS, POOL, SEMANTIC, OilbirdConfig, OilbirdDrafter, merge_candidates
 from decoder.drafters.pld import NgramIndex
-from decoder.drafters.semantic import (MIN_CHUNK, RejectedPool, SelfCalibration, SemanticPool, copy_depth,
-                                       ngram_continuation, rejected_records, semantic_chains)
+from decoder.drafters.keygate import SelfCalibration
+from decoder.drafters.semantic import (MIN_CHUNK, RejectedPool, SemanticPool, copy_depth, ngram_continuation,
+                                       rejected_records, semantic_chains)
 from decoder.harness import DecodeConfig, format_table, run_decode
 from decoder.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, write_jsonl

@@ -9,7 +9,8 @@ import pytest
 
 from data.pruner import PrunerConfig
 from data.stateindex import parse_index_spec, unit, unit_vector
-from decoder.drafters.semantic import RequestPatience, SemanticPool
+from decoder.drafters.keygate import RequestPatience
+from decoder.drafters.semantic import SemanticPool
 
 D = 64
 SMALL = PrunerConfig(prune_from=256, min_lists=8, nprobe_min=2, train_per_list=40)

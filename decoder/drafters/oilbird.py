@@ -87,8 +87,9 @@ from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_match
-from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, RequestPatience, SelfCalibration,
-                                       SemanticPool, copy_depth, ngram_continuation, rejected_records, semantic_chains)
+from decoder.drafters.keygate import RequestPatience, SelfCalibration
+from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SemanticPool, copy_depth,
+                                       ngram_continuation, rejected_records, semantic_chains)
 
 SEMANTIC, ROLLOUT, POOL = "semantic", "rollout", "pool"
 HOSTS = ("lexical", "pld", "recycling", "none")
@@ -124,10 +125,10 @@ class OilbirdConfig:
     ring_size: int = 1024  # rejected-branch records kept
     request_traces: int = 4  # request-level key: traces selected per request
     request_ngram: int = 4  # request-level key: longest suffix n-gram matched in a selected trace
-    calib_window: int = 32  # self-calibration (see semantic.SelfCalibration): buying passes judged; 0 = off
+    calib_window: int = 32  # self-calibration (see keygate.SelfCalibration): buying passes judged; 0 = off
     calib_min_hit_rate: float = 1 / 32  # muted below this hit rate over a full window
     calib_cooldown: int = 64  # passes a muted key skips before it returns
-    key_patience: int = 8  # passes without a hit, inside a request, before the key goes quiet (semantic.RequestPatience)
+    key_patience: int = 8  # passes without a hit, inside a request, before the key goes quiet (keygate.RequestPatience)
     key_probe_every: int = 4  # a quiet key is still queried every this many passes; key_patience 0 = always query
     index: str = DEFAULT_INDEX  # the key's index (data/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
     key_device: str = "cpu"  # where the key's states live and its queries run (cuda: the model's GPU)
