@@ -36,6 +36,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from data.stateindex import one_faiss_thread
+
 
 @dataclass(frozen=True)
 class PrunerConfig:
@@ -138,15 +140,16 @@ class IvfPruner:
             self._scores = np.empty((1, width), np.float32)
             self._labels = np.empty((1, width), np.int64)
         sp = self.faiss.swig_ptr
-        if nprobe is None or nprobe == self.nprobe:  # faiss's attribute setter is slow: only when widening
-            self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
+        with one_faiss_thread(self.faiss):  # one query: one thread (data/stateindex.py says why)
+            if nprobe is None or nprobe == self.nprobe:  # faiss's attribute setter is slow: only when widening
+                self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
+                return self._labels[0].copy()
+            self.ivf.nprobe = min(self.nlist, nprobe)
+            try:
+                self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
+            finally:
+                self.ivf.nprobe = self.nprobe
             return self._labels[0].copy()
-        self.ivf.nprobe = min(self.nlist, nprobe)
-        try:
-            self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
-        finally:
-            self.ivf.nprobe = self.nprobe
-        return self._labels[0].copy()
 
     def bytes_per_state(self) -> float:
         return float(self.dims) + 8.0  # the projected row (8-bit codes) and its int64 id

@@ -32,6 +32,7 @@ points as centroids) exceeds the states the caller will ever have is refused wit
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass, field
@@ -184,6 +185,24 @@ def unit(x: np.ndarray) -> np.ndarray:
     x = np.asarray(x, np.float32)
     n = np.linalg.norm(x, axis=-1, keepdims=True)
     return np.divide(x, n, out=np.zeros_like(x), where=n > 0)
+
+
+@contextlib.contextmanager
+def one_faiss_thread(faiss):
+    """Run the enclosed faiss call on one OpenMP thread, then restore the process's setting.
+
+    A single query has nothing for faiss to split, but its thread team still meets at barriers, and
+    when another process holds a core (a serving engine's forward, a second replay) each barrier waits
+    out a time slice: one IVF query over 65k states took 5-13 ms on 2 threads beside a busy process
+    against 0.06-0.3 ms on one (this machine, 2 cores). Batched searches and training keep every thread."""
+    n = faiss.omp_get_max_threads()
+    if n > 1:
+        faiss.omp_set_num_threads(1)
+    try:
+        yield
+    finally:
+        if n > 1:
+            faiss.omp_set_num_threads(n)
 
 
 def unit_vector(x: np.ndarray) -> np.ndarray:
@@ -340,7 +359,11 @@ class StateIndex:
             return out_ids, out_s
         width = min(self.ntotal, k + 16)
         while True:
-            scores, labels = self.index.search(q, width)
+            if nq == 1:
+                with one_faiss_thread(self.faiss):
+                    scores, labels = self.index.search(q, width)
+            else:
+                scores, labels = self.index.search(q, width)
             seq = labels.astype(np.int64)
             got = seq >= 0
             pos = np.where(got, seq - (self.base if self.ivf is not None else 0), 0)

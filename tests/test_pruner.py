@@ -168,3 +168,35 @@ def test_census_refuses_the_serving_index():
     with pytest.raises(OilbirdError, match="--index auto is the decoder's serving index"):
         CensusConfig(index="auto").validate()
     CensusConfig(index="exact").validate()
+
+
+def test_one_query_runs_on_one_faiss_thread_and_the_setting_comes_back():
+    """A single query's faiss search runs on one OpenMP thread (a team of two waits at barriers when
+    another process holds a core: 5-13 ms a query instead of 0.06); the process's setting is restored,
+    and the candidates are the ones the full team finds."""
+    faiss = pytest.importorskip("faiss")
+    from data.stateindex import one_faiss_thread
+
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(2)
+    try:
+        with one_faiss_thread(faiss):
+            assert faiss.omp_get_max_threads() == 1
+        assert faiss.omp_get_max_threads() == 2
+        pool = SemanticPool("auto", pruner=SMALL)
+        traffic = _traffic()
+        _fill(pool, traffic)
+        q = unit_vector(traffic[3][1][5])
+        seen = []
+        real = faiss.omp_set_num_threads
+        faiss.omp_set_num_threads = lambda n: (seen.append(n), real(n))[1]
+        try:
+            labels = pool.pruner.candidates(q, 32)
+        finally:
+            faiss.omp_set_num_threads = real
+        assert seen == [1, 2] and faiss.omp_get_max_threads() == 2
+        team = np.empty((1, 32), np.float32), np.empty((1, 32), np.int64)
+        pool.pruner.index.search_c(1, faiss.swig_ptr(q), 32, faiss.swig_ptr(team[0]), faiss.swig_ptr(team[1]))
+        np.testing.assert_array_equal(labels, team[1][0])
+    finally:
+        faiss.omp_set_num_threads(before)
