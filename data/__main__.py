@@ -54,7 +54,7 @@ def _cmd_capture(args) -> int:
                         dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet,
                         truncate=args.truncate, flush_every=args.flush_every,
                         prefix_cache=args.prefix_cache, prefix_cache_mb=args.prefix_cache_mb,
-                        prefix_reuse=args.prefix_cache > 0)
+                        prefix_reuse=args.prefix_cache > 0, engine=args.engine)
     path = capture(cfg)
     print(path)
     return 0
@@ -154,6 +154,8 @@ def main(argv: list[str] | None = None) -> int:
                         "previous prompt's reuse)")
     c.add_argument("--prefix-cache-mb", type=float, default=1024.0,
                    help="reference mode: bound on the prefix cache's KV memory in MB (default 1024)")
+    c.add_argument("--engine", choices=["harness", "vllm"], default="harness",
+                   help="harness (default: this package's decoding loop) or vllm (capture by serving; docs/vllm.md)")
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)
     s = sub.add_parser("show", help="summarise a trace store")

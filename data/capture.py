@@ -8,6 +8,7 @@ every `flush_every` requests, so an interrupted capture resumes where its last c
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import platform
 import sys
@@ -27,6 +28,8 @@ from data.request import Request, data_fingerprint
 from data.schema import PROMPT_HASH_SCHEME, prompt_hash
 from data.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
 from data.writer import StoreWriter, TraceRecord
+
+ENGINES = ("harness", "vllm")
 
 
 @dataclass
@@ -48,6 +51,7 @@ class CaptureConfig:
     prefix_cache: int = 4  # reference mode: KV entries kept (LRU) for prefix reuse; 0 = off (one full forward each)
     prefix_cache_mb: float = 1024.0  # reference mode: bound on the entries' KV bytes
     progress: bool = True
+    engine: str = "harness"  # harness (this package's transformers loop) | vllm (capture by serving: data/vllm_capture.py)
 
 
 
@@ -132,6 +136,14 @@ def check_config(cfg: CaptureConfig) -> None:
         raise OilbirdError("--batch-size must be at least 1")
     if cfg.flush_every < 1:
         raise OilbirdError("--flush-every must be at least 1")
+    if cfg.engine not in ENGINES:
+        raise OilbirdError(f"unknown --engine '{cfg.engine}'; use {' or '.join(ENGINES)}")
+    if cfg.engine == "vllm" and cfg.mode != "generate":
+        raise OilbirdError("--engine vllm captures by serving (--mode generate); teacher forcing runs in the harness")
+    if cfg.engine == "vllm":
+        from data.vllm_engine import require_vllm
+
+        require_vllm()
     if cfg.truncate not in (None, "left"):
         raise OilbirdError(f"unknown --truncate '{cfg.truncate}'; use left")
     if cfg.prefix_cache < 0:
@@ -149,7 +161,7 @@ def store_meta(cfg: CaptureConfig, lm: LoadedModel, info, max_new: int, every_re
         "tokenizer_hash": lm.tokenizer_hash, "chat_template_hash": lm.chat_template_hash,
         "bench": cfg.bench, "data_fingerprint": data_fingerprint(every_request), "requests_total": len(every_request),
         "mode": cfg.mode, "max_new_tokens": max_new, "stop_strings": list(info.stop_strings),
-        "truncate": cfg.truncate, "prompt_hash_scheme": PROMPT_HASH_SCHEME,
+        "truncate": cfg.truncate, "prompt_hash_scheme": PROMPT_HASH_SCHEME, "engine": cfg.engine,
         "versions": library_versions(),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -195,6 +207,34 @@ def _generations(cfg: CaptureConfig, lm: LoadedModel, tap: LayerTap, prompts: li
         return ((k, teacher_forced_cached(lm, tap, p, o, ref_cache)) for k, (p, o) in enumerate(zip(prompts, refs)))
     # the plain path: one full forward per request, logits at every position
     return ((k, teacher_forced(lm, tap, p, o)) for k, (p, o) in enumerate(zip(prompts, refs)))
+
+
+@contextlib.contextmanager
+def _engine_stream(cfg: CaptureConfig, lm: LoadedModel, prompts: list[list[int]], refs, max_new: int,
+                   stop_strings: tuple[str, ...], use_prefix: bool):
+    """The (index, Generated) stream of the chosen engine: the harness with its layer tap, or vLLM serving
+    with the trace recorder (data/vllm_capture.py) in waves of max(batch size, flush_every)."""
+    if cfg.engine == "harness":
+        with LayerTap(lm.model, lm.layer) as tap:
+            yield _generations(cfg, lm, tap, prompts, refs, max_new, stop_strings, use_prefix)
+        return
+    import os
+    import tempfile
+    from pathlib import Path
+
+    from data.vllm_capture import RECORDER_CLASS, TRACES_ENV, vllm_generations
+    from data.vllm_engine import LAYER_ENV, EngineConfig, make_llm
+
+    with tempfile.TemporaryDirectory(prefix="oilbird-vllm-") as tmp:
+        os.environ[TRACES_ENV], os.environ[LAYER_ENV] = tmp, str(lm.layer)
+        llm = make_llm(EngineConfig(lm.path, dtype=str(lm.dtype).removeprefix("torch."), max_num_seqs=cfg.batch_size,
+                                    prefix_caching=use_prefix),
+                       {"method": "custom_class", "model": RECORDER_CLASS, "num_speculative_tokens": 1})
+        try:
+            yield vllm_generations(llm, prompts, max_new, stop_strings, max(cfg.batch_size, cfg.flush_every),
+                                   Path(tmp))
+        finally:
+            del llm
 
 
 def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
@@ -251,8 +291,8 @@ def _capture_rest(cfg: CaptureConfig, lm: LoadedModel, writer: StoreWriter, comm
     tokens_done, t_start = 0, time.perf_counter()
     finished: dict[int, Generated] = {}  # completed out of order, committed in serving order
     committed, pending = 0, []
-    with LayerTap(lm.model, lm.layer) as tap:
-        for k, gen in _generations(cfg, lm, tap, prompts, refs, max_new, stop_strings, use_prefix):
+    with _engine_stream(cfg, lm, prompts, refs, max_new, stop_strings, use_prefix) as stream:
+        for k, gen in stream:
             finished[k] = gen
             tokens_done += len(gen.tokens)
             while committed in finished:

@@ -107,7 +107,8 @@ class StoreWriter:
     """
 
     SETTINGS = ("model_fingerprint", "layer", "d_model", "dtype", "tokenizer_hash", "chat_template_hash",
-                "bench", "data_fingerprint", "mode", "max_new_tokens", "truncate")
+                "bench", "data_fingerprint", "mode", "max_new_tokens", "truncate", "engine")
+    SETTING_DEFAULTS = {"engine": "harness"}  # stores written before the setting existed
 
     def __init__(self, path: str | Path, meta: dict, *, force: bool = False):
         self.path = Path(path)
@@ -118,7 +119,7 @@ class StoreWriter:
         clean_leftovers(self.path)  # temporary files of a killed write
         if (self.path / "meta.json").exists():
             old = read_meta(self.path)
-            diff = [k for k in self.SETTINGS if old.get(k) != meta.get(k)]
+            diff = [k for k in self.SETTINGS if old.get(k, self.SETTING_DEFAULTS.get(k)) != meta.get(k, self.SETTING_DEFAULTS.get(k))]
             if diff:
                 raise OilbirdError(f"trace store {self.path} was made with other settings ({', '.join(diff)} differ); "
                                    "pass --force to overwrite it or --out for another folder")

@@ -3,6 +3,7 @@
 Two more commands share the entry point:
   python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay.py)
   python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
+  python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (vllm_run.py)
 """
 
 from __future__ import annotations
@@ -61,6 +62,10 @@ def main(argv: list[str] | None = None) -> int:
         from decoder.ablations import main as ablations_main
 
         return ablations_main(argv[1:])
+    if argv and argv[0] == "vllm-run":
+        from decoder.vllm_run import vllm_run_main
+
+        return vllm_run_main(argv[1:])
     if argv and argv[0] == "profile":
         from decoder.profile import profile_main
 

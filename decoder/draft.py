@@ -97,6 +97,30 @@ class Draft:
         return [self.tokens[i] for i in self.path_to(node)]
 
 
+def best_chain(draft: Draft, k: int) -> list[int]:
+    """The nodes of the one chain a chain verifier (vLLM: one draft list per row) takes from a tree: from
+    the anchor, at each node the child the most sources proposed, ties to the earliest child (the source
+    merged first: the host's spine); at most `k` nodes. Agreement between sources is the only evidence a
+    training-free tree carries about which branch the model will take."""
+    children: dict[int, list[int]] = {}
+    for i, p in enumerate(draft.parents):
+        children.setdefault(p, []).append(i)
+    chain, node = [], ROOT
+    while len(chain) < k and node in children:
+        node = max(children[node], key=lambda i: (len(draft.sources[i]), -i))
+        chain.append(node)
+    return chain
+
+
+def as_chain(draft: Draft, nodes: Sequence[int]) -> Draft:
+    """`nodes` (a root path of `draft`) as a draft of its own: node j is nodes[j], with its sources."""
+    out = Draft()
+    for j, i in enumerate(nodes):
+        out.add_node(j - 1, draft.tokens[i], "")
+        out.sources[j] = set(draft.sources[i])
+    return out
+
+
 @dataclass
 class VerifyResult:
     """What one verification forward tells the drafters (indices: 0 = anchor, 1 + i = draft node i)."""
@@ -141,6 +165,16 @@ class Drafter:
     def evict_traces(self, count: int) -> None:
         """Forget the oldest `count` pooled traces (one per add_trace, empty ones included): the
         --store-budget window. State that is not a trace pool stays."""
+
+    def suspend_request(self) -> object:
+        """The running request's state, for a server that interleaves requests (decoder/vllm_proposer.py:
+        one drafter, many rows): after `resume_request(state)` the next `propose` and `observe` continue
+        that request as if no other had run meanwhile, with the pool as it is then. A drafter that keeps
+        nothing per request returns None."""
+        return None
+
+    def resume_request(self, state: object) -> None:
+        """Continue the request `suspend_request` returned `state` for."""
 
     def counters(self) -> dict | None:
         """The drafter's counters for summary.json's drafter_stats (None: it keeps none)."""

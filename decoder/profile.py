@@ -52,7 +52,8 @@ class ProfileConfig:
     nodes: tuple[int, ...] = DEFAULT_NODES
     reps: int = 3  # timed runs per grid point; the median is kept
     out: str = "runs"  # runs root
-    file: str | None = None  # output path; default runs/profiles/<model>-<device>.json
+    file: str | None = None  # output path; default runs/profiles/<model>-<device>[-vllm].json
+    engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm_profile.py: a vLLM step)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
 
@@ -354,6 +355,11 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
     return DEFAULT_CONTEXTS
 
 
+def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> Path:
+    """runs/profiles/<model>-<device>.json, and <model>-<device>-vllm.json for a profile measured in vLLM."""
+    return default_profile_path(out, slug, device_type if engine == "harness" else f"{device_type}-{engine}")
+
+
 def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     """Check the config, load the model, measure, write the JSON; (profile, path)."""
     from data.files import atomic_write_json
@@ -366,6 +372,12 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         raise OilbirdError(f"--nodes must be counts in 0..{MAX_NODES} (got {bad[0]})")
     if cfg.reps < 1:
         raise OilbirdError(f"--reps must be at least 1 (got {cfg.reps})")
+    if cfg.engine not in ("harness", "vllm"):
+        raise OilbirdError(f"--engine must be harness or vllm (got {cfg.engine!r})")
+    if cfg.engine == "vllm":
+        from data.vllm_engine import require_vllm
+
+        require_vllm()
     contexts = resolve_contexts(cfg, model_slug(cfg.model))  # before loading: bad input fails fast
     lm = load_model(cfg.model, dtype=cfg.dtype, device=cfg.device)
     check_supported(lm.model)
@@ -373,8 +385,15 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     if clipped != sorted(set(contexts)):
         print(f"note: context lengths clipped to the model's {max_positions(lm.model)} positions: "
               f"{','.join(map(str, clipped))}", file=sys.stderr)
-    d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
-    path = Path(cfg.file) if cfg.file else default_profile_path(cfg.out, lm.slug, lm.device.type)
+    if cfg.engine == "vllm":
+        from decoder.vllm_profile import measure_vllm_profile
+
+        dtype = str(lm.dtype).removeprefix("torch.")
+        model_dir, lm.model = lm.path, None  # vLLM loads its own copy; this one is not needed any more
+        d = measure_vllm_profile(model_dir, lm.name, lm.fingerprint, clipped, cfg.nodes, cfg.reps, dtype, cfg.seed)
+    else:
+        d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
+    path = Path(cfg.file) if cfg.file else profile_path(cfg.out, lm.slug, lm.device.type, cfg.engine)
     atomic_write_json(path, d)
     return d, path
 
@@ -400,21 +419,24 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--file", default=None, help="output path (default <out>/profiles/<model>-<device>.json)")
     p.add_argument("--if-missing", action="store_true",
                    help="do nothing when the output file already exists (what `make census` uses)")
+    p.add_argument("--engine", choices=("harness", "vllm"), default="harness",
+                   help="harness (default: one verify_tree forward) or vllm (one vLLM engine step; "
+                        "decoder/vllm_profile.py; written as <model>-<device>-vllm.json)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.if_missing:
         from data.layout import model_slug
         from data.models import pick_device
 
-        target = Path(args.file) if args.file else default_profile_path(
-            args.out, model_slug(args.model), pick_device(args.device).type)
+        target = Path(args.file) if args.file else profile_path(
+            args.out, model_slug(args.model), pick_device(args.device).type, args.engine)
         if target.exists():
             print(f"profile {target} exists; kept (delete it to measure again)", file=sys.stderr)
             return 0
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
                         contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
                         nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
-                        progress=not args.quiet)
+                        progress=not args.quiet, engine=args.engine)
     d, path = run_profile(cfg)
     print(format_profile(d))
     print(f"written: {path}")

@@ -183,7 +183,8 @@ def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap |
     cycle_total = verify_total + draft_total + update_total
     speedup, interval = paired_ratio(ar_r, arm_r, boot)
     block = {
-        "profile": cost.meta.get("path"), "device": cost.meta.get("device"), "device_name": cost.meta.get("device_name"),
+        "profile": cost.meta.get("path"), "engine": cost.meta.get("engine", "harness"),
+        "device": cost.meta.get("device"), "device_name": cost.meta.get("device_name"),
         "profile_threads": cost.meta.get("threads"),
         "speedup": speedup, "speedup_interval": interval,
         "ar_seconds": float(ar_r.sum()), "arm_seconds": float(arm_r.sum()),

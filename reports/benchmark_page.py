@@ -1,5 +1,6 @@
 """The page of one (benchmark, model): the headline, the decision, the census sections, the sweeps, the
-case viewer and the live decoder; a census of another pool mode gets its own page with that census only.
+case viewer, the live decoder and the vLLM bench; a census of another pool mode gets its own page with that
+census only.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from reports.htmlkit import esc, finite, href, not_available, number, page, pct,
 from reports.links import bench_name, evidence_name, has_evidence
 from reports.results import Census, Result
 from reports.sweep_sections import sweep_sections
+from reports.vllm_section import vllm_section
 
 
 def audit_cell(audit: dict | None) -> str:
@@ -121,6 +123,7 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
                   cases_section(result, census, token_text)]
     if main_page:
         parts.append(decoder_section(result))
+        parts.append(vllm_section(result))
     if census is not None:
         parts.append(notes_section(census))
     return page(title, "\n".join(parts))

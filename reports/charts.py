@@ -312,3 +312,30 @@ def ablation_chart(arms: list[str], tau: list[float | None], lows: list[float | 
         ax.set_xlabel("tau (tokens per verification pass), 95% interval")
         ax.legend(frameon=False, loc="lower right")
         return to_svg(fig, name, title)
+
+
+def batch_chart(batches: list[int], series: dict[str, list[float | None]], name: str = "batch") -> str:
+    """Speedup over vLLM greedy against the batch size (log2 x, a tick at each batch size), one line per arm
+    (`series[arm][i]` at `batches[i]`, None where not known); dashed: 1.0, parity with greedy."""
+    palette = [BLUE, ORANGE, GREEN, VERMILION, SKY, PURPLE, GREY, "#000000"]
+    with matplotlib.rc_context(RC):
+        fig, ax = _figure(7.0, 3.4)
+        x = np.asarray(batches, dtype=float)
+        top = 1.0
+        for k, (label, vals) in enumerate(series.items()):
+            v = np.array([np.nan if u is None else u for u in vals], dtype=float)
+            ok = ~np.isnan(v)
+            if ok.any():
+                top = max(top, float(v[ok].max()))
+            ax.plot(x[ok], v[ok], "o-", color=palette[k % len(palette)], lw=1.8, ms=4, label=label)
+        ax.axhline(1.0, color=GREY, ls="--", lw=1)
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(x, [str(int(b)) for b in batches])
+        ax.xaxis.set_minor_locator(ticker.NullLocator())
+        ax.set_xlim(x.min() / 1.5, x.max() * 1.5)
+        ax.set_ylim(0, top * 1.15)
+        ax.set_xlabel("batch size (log scale)")
+        ax.set_ylabel("tok/s over vLLM greedy at the same batch")
+        if series:
+            ax.legend(frameon=False, ncols=min(3, len(series)), loc="upper center", bbox_to_anchor=(0.5, -0.2))
+        return to_svg(fig, name, "speedup over vLLM greedy per arm against the batch size")

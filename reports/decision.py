@@ -127,7 +127,8 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
         speeds = (f" {ON_ARM} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
                   + (f", {OFF_ARM} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
                      if off_est else "") + " over plain greedy.")
-        parts.append(f"<p>Estimated speedups (not measured): verification cost from the profile "
+        engine = "vLLM" if est.get("engine") == "vllm" else "the Oilbird harness"
+        parts.append(f"<p>Estimated speedups (not measured), priced on {engine}: verification cost from the profile "
                      f"<code>{esc(est.get('profile', 'n/a'))}</code>" + (f" ({device})" if device else "")
                      + f", plus the drafting and update time measured in the replay:{speeds}</p>")
     else:

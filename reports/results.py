@@ -14,13 +14,16 @@ Layout read (written by the census and the decoder; only files are read, no code
   runs/<bench>/<model>/sweeps/index.json           `python -m census sweep-index`: gap recall per index spec
   runs/<bench>/<model>/sweeps/budget.json          `python -m census sweep-budget`: the census per pool budget
   runs/<bench>/<model>/ablations/ablations.json    `python -m decoder ablations`: ablations, ladder, headline
+  runs/<bench>/<model>/vllm/summary.json           `make bench-vllm` (benchmarks/bench_vllm.py): Oilbird inside
+                                                   vLLM against vLLM's own methods, per arm and batch size
 
 Folders whose name starts with "." are temporary (a folder being written) and are skipped.
 A census or an arm counts as a result when its summary.json exists. A summary.json that is not a
 JSON object, or a positions.parquet that cannot be read, is an error naming the file (nothing is
 rendered from half a result); optional blocks and columns that are missing are reported on the page.
-The sweeps are optional extras: a missing sweep file is simply not shown, and one that cannot be
+The sweeps and the vLLM bench are optional extras: a missing file is simply not shown, and one that cannot be
 read (not JSON, not the documented shape) becomes a one-line note on the page, never an error;
+a vLLM summary with "complete": false (the bench still running, or stopped) is shown as far as it got;
 a non-finite or out-of-range number (NaN, Infinity, a share above 1) is read as "not known".
 """
 
@@ -86,6 +89,8 @@ class Result:
     replay_warm_nodes: dict[int, list[Arm]] = field(default_factory=dict)
     sweeps: dict[str, "Sweep"] = field(default_factory=dict)  # "index" / "budget", only those whose file exists
     ablations: "Ablations | None" = None  # ablations/ablations.json, None when the file does not exist
+    vllm: dict | None = None  # vllm/summary.json (benchmarks/bench_vllm.py), None when absent or unreadable
+    vllm_note: str | None = None  # set when vllm/summary.json exists but cannot be read: the page shows this line
 
     @property
     def has_decoder(self) -> bool:
@@ -104,7 +109,7 @@ class Result:
         """The model as the run names it (alias, hub id or path), for display and the tokenizer."""
         for source in (self.meta, self.census.summary if self.census else None,
                        *(a.summary for a in (self.arms + self.replay + self.replay_warm)[:1]),
-                       *(s.meta for s in self.sweeps.values())):
+                       *(s.meta for s in self.sweeps.values()), self.vllm):
             if source and isinstance(source.get("model"), str) and source["model"]:
                 return source["model"]
         return self.model
@@ -439,6 +444,28 @@ def load_ablations(folder: Path) -> Ablations | None:
     return None
 
 
+VLLM_FILE = "vllm/summary.json"
+
+
+def load_vllm(folder: Path) -> tuple[dict | None, str | None]:
+    """(summary, None) from vllm/summary.json, (None, note) when it exists but cannot be read (not JSON, not an
+    object, no list of rows), (None, None) when there is none. Never raises for the file's content; the
+    values inside the rows are checked where they are shown."""
+    path = folder / VLLM_FILE
+    if not path.exists():
+        return None, None
+    if not path.is_file():
+        return None, f"{VLLM_FILE} is not a file"
+    try:
+        obj = read_json(path)
+    except (OilbirdError, RecursionError) as e:
+        why = str(e).replace(f"cannot read {path}: ", "").replace(f"{path} is ", "").strip()  # no absolute path
+        return None, f"{VLLM_FILE} could not be read ({why or type(e).__name__})"
+    if not isinstance(obj.get("rows"), list):
+        return None, f"{VLLM_FILE} could not be read (has no list of rows)"
+    return obj, None
+
+
 DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
 
 
@@ -505,11 +532,14 @@ def load_result(folder: Path) -> Result | None:
     result.replay_warm, result.replay_warm_nodes = load_replay(folder / replay_name("warm"), "warm")
     result.sweeps = load_sweeps(folder)
     result.ablations = load_ablations(folder)
-    return result if result.censuses or result.has_decoder or result.sweeps or result.ablations else None
+    result.vllm, result.vllm_note = load_vllm(folder)
+    return (result if result.censuses or result.has_decoder or result.sweeps or result.ablations
+            or result.vllm is not None or result.vllm_note else None)
 
 
 def find_results(runs: Path) -> list[Result]:
-    """Every runs/<bench>/<model>/ with a census, decoder, replay or sweep result, sorted by (bench, model)."""
+    """Every runs/<bench>/<model>/ with a census, decoder, replay, sweep, ablations or vLLM bench result, sorted by
+    (bench, model)."""
     runs = Path(runs)
     if not runs.is_dir():
         raise OilbirdError(f"no results folder at {runs}: run `make census BENCH=...` (or `python -m census`) first")

@@ -81,6 +81,26 @@ def tiny_dirs(tmp_path_factory):
     return {kind: _tiny_random(kind, root) for kind in ("llama", "qwen2")}
 
 
+@pytest.fixture(scope="session")
+def tiny_llama64(tmp_path_factory):
+    """A tiny random Llama vLLM's CPU attention accepts (head dim 64; stories260k's is 8), with the
+    stories260k tokenizer (vocab 512)."""
+    if not STORIES.is_dir():
+        pytest.skip(f"stories260k tokenizer not found at {STORIES}")
+    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=512, hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                                         num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                         bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    with torch.no_grad():  # sharper logits: greedy paths not dominated by near-ties, and repetitive
+        model.lm_head.weight.mul_(4.0)
+    out = tmp_path_factory.mktemp("tiny_llama64") / "llama64"
+    model.save_pretrained(out)
+    AutoTokenizer.from_pretrained(STORIES).save_pretrained(out)
+    return str(out)
+
+
 def crash_on_call(monkeypatch, module, name: str, call: int):
     """Make module.name raise KeyboardInterrupt on its call-th call: a kill in the middle of a capture.
     Returns the real function (to put back for the resumed run)."""

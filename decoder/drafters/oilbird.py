@@ -82,7 +82,7 @@ import numpy as np
 
 from data.schema import prompt_hash as hash_prompt
 from data.stateindex import DEFAULT_INDEX
-from decoder.draft import ROOT, Draft, Drafter
+from decoder.draft import ROOT, Draft, Drafter, as_chain, best_chain
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
@@ -137,6 +137,8 @@ class OilbirdConfig:
     one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
     one_source_min_match: int = 5  # one_source: the lexical draft when its automaton match is at least this
     #                                long, else the semantic draft (SAM-Decoding's len_threshold, 5)
+    chain: int = 0  # > 0: propose only the best chain of the merged tree, at most this many tokens
+    #                 (decoder.draft.best_chain: the most-proposed child at each node); what vLLM verifies
 
 
 # arm name -> OilbirdConfig options
@@ -209,6 +211,8 @@ class OilbirdDrafter(Drafter):
             raise ValueError(f"host_pool needs host pld or recycling (got {c.host!r})")
         if c.one_source and c.host != "lexical":  # the rule reads the automaton's match length
             raise ValueError(f"one_source needs host lexical (got {c.host!r})")
+        if c.chain < 0:
+            raise ValueError(f"chain must be 0 (the tree) or a chain length (got {c.chain})")
         if c.one_source_min_match < 0:
             raise ValueError(f"one_source_min_match must be 0 or more (got {c.one_source_min_match})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
@@ -223,7 +227,8 @@ class OilbirdDrafter(Drafter):
         self.h_t: np.ndarray | None = None  # the query state: what the last verification left
         self._first_state: np.ndarray | None = None  # this request's first state (the prompt's last token)
         self._prompt_hash: Hashable | None = None
-        self._serial = 0  # requests begun
+        self._serial = 0  # this request's number (the ring buffer's owner key)
+        self._begun = 0  # requests begun
         self._bought: set[int] = set()  # draft nodes the key bought in the pending pass
         self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
         self.tally = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
@@ -261,7 +266,8 @@ class OilbirdDrafter(Drafter):
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:
         h = hash_prompt(list(prompt)) if prompt_hash is None else prompt_hash
-        self._prompt_hash, self._serial = h, self._serial + 1
+        self._begun += 1
+        self._prompt_hash, self._serial = h, self._begun
         if self.index is not None:
             self.index.begin_request(prompt, h)
         if self.ngrams is not None:
@@ -272,6 +278,23 @@ class OilbirdDrafter(Drafter):
         self._selected = None
         self._bought = set()
         self.patience.begin()
+
+    REQUEST_FIELDS = ("h_t", "_first_state", "_prompt_hash", "_serial", "_bought", "_selected", "ngrams")
+
+    def suspend_request(self) -> dict:
+        """This request's state (contract: decoder/draft.py), so that another request can run between
+        two of its passes; the pools, the adjacency table, the ring buffer and self-calibration are shared."""
+        return {"fields": {f: getattr(self, f) for f in self.REQUEST_FIELDS},
+                "patience": (self.patience.since_hit, self.patience.quiet_for),
+                "index": self.index.suspend_request() if self.index is not None else None}
+
+    def resume_request(self, saved: dict) -> None:
+        for f, v in saved["fields"].items():
+            setattr(self, f, v)
+        self.patience.since_hit, self.patience.quiet_for = saved["patience"]
+        if self.index is not None:
+            self.index.resume_request(saved["index"])
+        self.pool.exclude(self._prompt_hash)
 
     # ------------------------------------------------------------ one step
     def _host(self, context: Sequence[int], budget: int, chains=None) -> tuple[Draft, bool]:
@@ -368,6 +391,14 @@ class OilbirdDrafter(Drafter):
         return chains
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
+        draft = self._propose_tree(context, budget)
+        if self.config.chain <= 0:
+            return draft
+        nodes = best_chain(draft, self.config.chain)
+        self._bought = {j for j, i in enumerate(nodes) if i in self._bought}
+        return as_chain(draft, nodes)
+
+    def _propose_tree(self, context: Sequence[int], budget: int) -> Draft:
         c = self.config
         self.tally["passes"] += 1
         self._bought = set()

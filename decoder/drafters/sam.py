@@ -60,6 +60,7 @@ class AutomatonIndex:
         self._pool_stale = False
         self._traces: list[tuple[Hashable | None, int, int]] = []  # per add_trace: prompt hash, text span
         self._excluded_hash: Hashable | None = None
+        self.version = 0  # pool changes so far (add_trace, evict_traces): a resumed request re-walks after one
 
     # pool side
     def add_trace(self, tokens: Sequence[int], prompt_hash: Hashable | None = None) -> None:
@@ -82,6 +83,7 @@ class AutomatonIndex:
         if group == self.excluded:
             self._exclude(group)
         self._pool_stale = True
+        self.version += 1
 
     def evict_traces(self, count: int) -> None:
         """Drop the oldest `count` traces: the pool automaton is rebuilt from the others (an automaton
@@ -98,6 +100,7 @@ class AutomatonIndex:
         if self._excluded_hash is not None:
             self._exclude(self._group_of.get(self._excluded_hash, NO_GROUP))
         self._pool_stale = True
+        self.version += 1
 
     def _new_group(self) -> int:
         self._n_groups += 1
@@ -125,6 +128,23 @@ class AutomatonIndex:
         self._pool_state = self._pool_matched = 0
         self._pool_stale = False
         self.sync(prompt)
+
+    REQUEST_FIELDS = ("request", "_pool_state", "_pool_matched", "_pool_stale", "_excluded_hash", "excluded",
+                      "excluded_counts")
+
+    def suspend_request(self) -> dict:
+        """The request side, to resume later (the pool side is shared by every request)."""
+        return {"version": self.version, **{f: getattr(self, f) for f in self.REQUEST_FIELDS}}
+
+    def resume_request(self, saved: dict) -> None:
+        """Install a suspended request side; when the pool changed meanwhile, its pool walk is re-fed and
+        its excluded group (the pool may hold new traces of its prompt) is recomputed."""
+        for f in self.REQUEST_FIELDS:
+            setattr(self, f, saved[f])
+        if saved["version"] != self.version:
+            self._pool_stale = True
+            self._exclude(self._group_of.get(self._excluded_hash, NO_GROUP) if self._excluded_hash is not None
+                          else NO_GROUP)
 
     def sync(self, context: Sequence[int]) -> None:
         req = self.request

@@ -1,0 +1,196 @@
+"""`make bench-vllm BENCH=apibank [LIMIT=48] [MAX_NEW=256] [BATCH=1,8] [K=8] [ROUNDS=1]`: Oilbird inside vLLM,
+side by side with vLLM's own methods, on the same requests.
+
+Arms, each in its own process (`python -m decoder vllm-run`, one engine; vLLM's metrics are process-wide):
+  vllm-greedy           no speculation: the reference every arm must equal, and the speed baseline
+  vllm-ngram            vLLM's prompt lookup at vLLM's defaults (n = 5), k draft tokens
+  vllm-suffix           vLLM's suffix method (ArcticInference's SuffixDecoding) at vLLM's defaults
+  oilbird-no-semantic   decoder/vllm_proposer.py, the key off
+  oilbird               decoder/vllm_proposer.py, the key on
+Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
+prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
+waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round.
+
+Written to runs/<bench>/<model>/vllm/summary.json (atomically, after every arm), per arm and batch size:
+requests, generated_tokens, wall_s, tok_s, speedup_vs_ar (tok/s over vllm-greedy's at the same batch size,
+same round), mean_acceptance_length (vLLM's counters: 1 + accepted / drafts), identical_to_ar (requests whose
+tokens equal vllm-greedy's), and for the Oilbird arms replay_mean_acceptance_length: the replay of the same
+chain arm (`<arm>@chain=K`) over the store's first LIMIT requests, pool past, counted as vLLM counts
+(passes that verified no draft left out). `agreement_with_store` says how many of vllm-greedy's outputs equal
+the store's (our harness's capture) and where the others first diverge: the replay predicts vLLM's acceptance
+exactly only on the requests both engines decode alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from data.errors import OilbirdError, cli_entry
+from data.files import atomic_write_json
+from data.layout import model_slug, store_dir
+from data.models import resolve_model
+from data.store import open_store, store_fingerprint
+from data.vllm_engine import require_vllm
+
+ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "oilbird-no-semantic", "oilbird")
+REPO = Path(__file__).resolve().parents[1]
+
+
+def replay_acceptance(arm: str, traces, k: int, nodes: int, vocab: int) -> dict:
+    """The replay of `arm@chain=k` over `traces` (pool past), counted as vLLM counts acceptance."""
+    from decoder.pools import PoolSettings
+    from decoder.replay import replay_arm
+
+    run = replay_arm(f"{arm}@chain={k}", traces, nodes, "past", vocab, settings=PoolSettings(knn_recall_every=0))
+    cycles = [c for cs in run.cycles for c in cs]
+    drafted = [c for c in cycles if c.nodes > 0]
+    return {"arm": f"{arm}@chain={k}", "passes": len(cycles), "passes_with_draft": len(drafted),
+            "tau": round(sum(c.committed for c in cycles) / len(cycles), 4),
+            "mean_acceptance_length": round(1 + sum(c.accepted for c in drafted) / len(drafted), 4) if drafted else None}
+
+
+def agreement(outputs: list[list[int]], traces) -> dict:
+    """vLLM greedy against the store's tokens (our harness's greedy), request by request."""
+    same, first = 0, []
+    for out, tr in zip(outputs, traces):
+        ref = list(tr.tokens)
+        n = min(len(out), len(ref))
+        div = next((i for i in range(n) if out[i] != ref[i]), None)
+        if div is None and len(out) == len(ref):
+            same += 1
+        else:
+            first.append(div if div is not None else n)
+    return {"requests": len(outputs), "identical": same,
+            "first_divergence": {"median": float(np.median(first)) if first else None, "positions": first}}
+
+
+def run_one(model_dir: str, prompts: Path, arm: str, batch: int, k: int, max_new: int, nodes: int,
+            out: Path) -> dict:
+    cmd = [sys.executable, "-m", "decoder", "vllm-run", "--model", model_dir, "--prompts", str(prompts),
+           "--arm", arm, "--batch", str(batch), "--k", str(k), "--max-new", str(max_new), "--nodes", str(nodes),
+           "--out", str(out)]
+    r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+    if r.returncode != 0:
+        tail = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
+        raise OilbirdError(f"{arm} at batch {batch} failed: {tail[0]}")
+    return json.loads(out.read_text())
+
+
+@cli_entry
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="bench_vllm.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bench", default="apibank")
+    ap.add_argument("--model", default="smollm2-135m")
+    ap.add_argument("--out", default="runs")
+    ap.add_argument("--limit", type=int, default=48)
+    ap.add_argument("--max-new", type=int, default=256)
+    ap.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
+    ap.add_argument("--k", type=int, default=8, help="draft tokens per row and step, every speculative arm")
+    ap.add_argument("--nodes", type=int, default=60, help="the Oilbird tree's node budget before its best chain")
+    ap.add_argument("--arms", default=",".join(ARMS))
+    ap.add_argument("--rounds", type=int, default=1)
+    a = ap.parse_args(argv)
+    try:
+        batches = [int(b) for b in a.batch.split(",") if b.strip()]
+    except ValueError:
+        raise OilbirdError(f"--batch {a.batch!r}: write batch sizes as 1,8") from None
+    arms = [x for x in a.arms.split(",") if x]
+    if "vllm-greedy" not in arms:
+        raise OilbirdError("--arms must include vllm-greedy (the reference and the speed baseline)")
+    if min(batches + [a.limit, a.max_new, a.k, a.rounds]) < 1:
+        raise OilbirdError("--batch, --limit, --max-new, --k and --rounds must be at least 1")
+    require_vllm()
+    slug = model_slug(a.model)
+    path = store_dir(a.out, a.bench, slug)
+    if not (path / "meta.json").exists():
+        raise OilbirdError(f"no trace store at {path}: `make bench-vllm` captures first, or run "
+                           f"python -m data capture --bench {a.bench} --model {a.model}")
+    from decoder.traces import load_traces
+
+    store = open_store(path)
+    traces = load_traces(store, a.limit, a.max_new)
+    vocab = int(store.meta.get("vocab_size") or 0) or int(max(max(t.tokens) for t in traces) + 1)
+    model_dir = resolve_model(a.model)
+    out_dir = path.parent / "vllm"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summary_path = out_dir / "summary.json"
+    summary = {"kind": "bench-vllm", "bench": a.bench, "model": a.model, "store": str(path),
+               "store_fingerprint": store_fingerprint(store.meta),
+               "device": {"type": "cpu", "cores": os.cpu_count(), "machine": platform.machine()},
+               "settings": {"limit": len(traces), "max_new": a.max_new, "batches": batches, "k": a.k,
+                            "nodes": a.nodes, "arms": arms, "rounds": a.rounds, "dtype": "float32",
+                            "prefix_caching": True},
+               "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+               "complete": False, "rows": [], "replay": {}, "agreement_with_store": None}
+    for arm in arms:
+        if arm.startswith("oilbird") or arm.startswith("semantic"):
+            summary["replay"][arm] = replay_acceptance(arm, traces, a.k, a.nodes, vocab)
+    with tempfile.TemporaryDirectory() as tmp:
+        prompts = Path(tmp) / "prompts.json"
+        prompts.write_text(json.dumps([list(map(int, t.prompt)) for t in traces]))
+        runs: dict[tuple[int, int, str], dict] = {}
+        for rnd in range(a.rounds):
+            for batch in batches:
+                order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
+                for arm in order:
+                    t0 = time.perf_counter()
+                    runs[(rnd, batch, arm)] = run_one(model_dir, prompts, arm, batch, a.k, a.max_new, a.nodes,
+                                                      Path(tmp) / f"{arm}-{batch}-{rnd}.json")
+                    r = runs[(rnd, batch, arm)]
+                    print(f"round {rnd + 1} batch {batch} {arm}: {r['tok_s']} tok/s, "
+                          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                    summary["rows"] = rows_of(runs, summary["replay"])
+                    ref = runs.get((0, batches[0], "vllm-greedy"))
+                    if ref is not None:
+                        summary["agreement_with_store"] = agreement(ref["outputs"], traces)
+                    atomic_write_json(summary_path, summary)
+    summary["complete"] = True
+    summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+    atomic_write_json(summary_path, summary)
+    print(summary_path)
+    return 0
+
+
+def rows_of(runs: dict, replay: dict) -> list[dict]:
+    """One row per (arm, batch): figures of the first round, speeds as medians over the rounds."""
+    rows = []
+    for (rnd, batch, arm), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
+        if rnd != 0:
+            continue
+        rounds = [v for (q, b, x), v in runs.items() if b == batch and x == arm]
+        ratios = [v["tok_s"] / runs[(q, b, "vllm-greedy")]["tok_s"] for (q, b, x), v in runs.items()
+                  if b == batch and x == arm and (q, b, "vllm-greedy") in runs]
+        greedy = runs.get((0, batch, "vllm-greedy"))
+        identical = (sum(o == g for o, g in zip(r["outputs"], greedy["outputs"])) if greedy else None)
+        row = {"arm": arm, "batch": batch, "requests": r["requests"], "generated_tokens": r["generated_tokens"],
+               "wall_s": float(np.median([v["wall_s"] for v in rounds])),
+               "tok_s": float(np.median([v["tok_s"] for v in rounds])),
+               "speedup_vs_ar": round(float(np.median(ratios)), 4) if ratios else None,
+               "mean_acceptance_length": r["spec"]["mean_acceptance_length"], "identical_to_ar": identical,
+               "rounds": len(rounds), "load_s": r["load_s"]}
+        if arm in replay:
+            row["replay_mean_acceptance_length"] = replay[arm]["mean_acceptance_length"]
+            if row["mean_acceptance_length"] and replay[arm]["mean_acceptance_length"]:
+                row["acceptance_vs_replay"] = round(row["mean_acceptance_length"]
+                                                    / replay[arm]["mean_acceptance_length"], 4)
+        if r.get("proposer"):
+            p = r["proposer"]
+            row["proposer"] = {key: p.get(key) for key in ("unaligned_steps", "unverified_rows", "draft_s", "steps")}
+            row["proposer"]["key_queries"] = (p.get("drafter") or {}).get("key_queries")
+        rows.append(row)
+    return rows
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,244 @@
+"""Oilbird inside vLLM (decoder/vllm_proposer.py), on vLLM's CPU build with a tiny random Llama (head dim 64).
+
+Every arm is served by a real engine, each in its own process (`python -m decoder vllm-run`: vLLM's metric
+registry is process-wide), over the same prompts, with prefix caching on and 8 requests through 4 rows (rows
+reused, batches compacted); each arm's tokens must equal vLLM's greedy decoding, token for token."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data.errors import OilbirdError
+from decoder.draft import Draft, best_chain, as_chain
+from data.vllm_rows import RowTracker
+
+ROOT = Path(__file__).resolve().parents[1]
+ARMS = ["vllm-greedy", "oilbird", "oilbird-no-semantic", "vllm-ngram", "vllm-suffix"]
+
+
+def _prompts() -> list[list[int]]:
+    """Repetitive prompts (lookup fires) in three families (the pool and the key have something to find),
+    two requests per family sharing a long prefix (prefix-cache hits)."""
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(3, 500, 10).tolist() for _ in range(3)]
+    prompts = []
+    for i in range(8):
+        f = frames[i % 3]
+        prompts.append(f * 4 + rng.integers(3, 500, 3).tolist())
+    return prompts
+
+
+def _run(model: str, arm: str, tmp: Path, **kw) -> subprocess.CompletedProcess:
+    prompts = tmp / "prompts.json"
+    if not prompts.exists():
+        prompts.write_text(json.dumps(_prompts()))
+    args = [sys.executable, "-m", "decoder", "vllm-run", "--model", model, "--prompts", str(prompts), "--arm", arm,
+            "--out", str(tmp / f"{arm}.json"), "--k", "4", "--batch", str(kw.pop("batch", 4)),
+            "--max-new", str(kw.pop("max_new", 40))]
+    for key, v in kw.items():
+        args += [f"--{key.replace('_', '-')}", str(v)]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def served(tiny_llama64, tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("vllm")
+    out = {}
+    for arm in ARMS:
+        r = _run(tiny_llama64, arm, tmp)
+        assert r.returncode == 0, f"{arm}: {r.stderr[-3000:]}"
+        out[arm] = json.loads((tmp / f"{arm}.json").read_text())
+    return out
+
+
+@pytest.mark.parametrize("arm", ARMS[1:])
+def test_every_arm_is_vllm_greedy_token_for_token(served, arm):
+    greedy, got = served["vllm-greedy"], served[arm]
+    assert got["requests"] == greedy["requests"] == 8 and got["generated_tokens"] > 8 * 10
+    assert got["outputs"] == greedy["outputs"]
+    assert got["spec"]["num_drafts"] > 0 and got["spec"]["num_accepted_tokens"] > 0  # it did speculate
+
+
+@pytest.mark.parametrize("arm", ["oilbird", "oilbird-no-semantic"])
+def test_the_proposer_follows_every_row(served, arm):
+    """Every row's verification lined up with the taps; every finished request entered the pool."""
+    p = served[arm]["proposer"]
+    assert p["arm"] == arm and p["k"] == 4
+    assert p["unaligned_steps"] == 0 and p["unverified_rows"] == 0
+    assert p["requests"] == 9  # the warm-up request and the 8 served (rows reused: 4 rows)
+    assert p["finished"] >= 5  # warm-up and the first wave; a request enters the pool at the next step
+    pool = p["drafter"]
+    assert pool["pool_tokens"] == p["pooled_tokens"] > 0
+    if arm == "oilbird":  # the semantic source is on: states reached the pool and the key was asked
+        assert pool["semantic_key"] and pool["pool_states"] > 0 and pool["key_queries"] > 0
+    else:
+        assert pool["key_queries"] == 0
+
+
+def test_bad_input_is_one_line(tiny_llama64, tmp_path):
+    r = _run(tiny_llama64, "no-such-arm", tmp_path)
+    assert r.returncode == 2 and r.stderr.strip().startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    r = _run(tiny_llama64, "lexical", tmp_path)  # a drafter that cannot interleave requests
+    assert r.returncode == 2 and "suspend_request" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    r = _run(tiny_llama64, "vllm-greedy", tmp_path, max_new=2000)  # past the model's 1024 positions
+    assert r.returncode == 2 and "max_model_len" in r.stderr
+
+
+def test_a_model_vllm_cannot_run_is_one_line(tmp_path):
+    """stories260k: head dim 8, which vLLM's CPU attention refuses."""
+    from tests.conftest import STORIES
+
+    if not STORIES.is_dir():
+        pytest.skip("stories260k missing")
+    r = _run(str(STORIES), "vllm-greedy", tmp_path, max_new=4)
+    lines = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and lines == ["error: vLLM's CPU attention cannot run " + str(STORIES) + ": head dim 8 "
+                                           "(it takes 32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)"], r.stderr[-2000:]
+
+
+def test_vllm_missing_is_one_line(monkeypatch):
+    import importlib.util
+
+    from data import vllm_engine
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    with pytest.raises(OilbirdError, match="vLLM is not installed"):
+        vllm_engine.require_vllm()
+
+
+# ------------------------------------------------------------------ pure parts: exact arrays
+
+def test_best_chain_takes_the_most_proposed_child_ties_to_the_spine():
+    d = Draft()
+    a = d.add_node(-1, 10, "spine")  # 0
+    d.add_node(a, 11, "spine")  # 1
+    b = d.add_node(-1, 20, "key")  # 2: a second root child
+    d.sources[b].add("branch")  # two sources propose it
+    d.add_node(b, 21, "key")  # 3
+    d.add_node(b, 22, "key")  # 4
+    d.sources[4].add("rollout")
+    assert best_chain(d, 8) == [2, 4]
+    assert best_chain(d, 1) == [2]
+    assert best_chain(Draft(), 4) == []
+    e = Draft()
+    e.add_node(-1, 1, "spine")
+    e.add_node(-1, 2, "key")
+    assert best_chain(e, 4) == [0]  # a tie: the earlier child (the host's spine)
+    c = as_chain(d, [2, 4])
+    assert (c.tokens, c.parents, c.sources) == ([20, 22], [-1, 0], [{"key", "branch"}, {"key", "rollout"}])
+
+
+def _rows(texts, sampled):
+    n = max(map(len, texts))
+    arr = np.zeros((len(texts) + 2, n + 5), np.int32)
+    for i, t in enumerate(texts):
+        arr[i, :len(t)] = t
+    return sampled, np.array([len(t) for t in texts] + [0, 0]), arr
+
+
+def test_row_tracker_new_continuing_moved_finished_and_a_later_turn():
+    tr = RowTracker()
+    held, done = tr.step(*_rows([[1, 2, 3, 9], [5, 6, 7]], [[9], [7]]))
+    assert [h.serial for h in held] == [1, 2] and done == []
+    assert held[0].prompt_len == 3 and held[1].prompt_len == 2
+    a, b = held
+    # a continues (2 tokens appended); b finished; a new request takes row 1 (its prompt is a's text + more:
+    # a later chat turn is new, never a's continuation)
+    held, done = tr.step(*_rows([[1, 2, 3, 9, 4, 4], [1, 2, 3, 9, 4, 4, 8, 8, 5]], [[4, 4], [5]]))
+    assert held[0] is a and a.sampled == 2 and done == [b]
+    c = held[1]
+    assert c.serial == 3 and c.prompt_len == 8
+    # compaction moves c to row 0 while a finishes; a prompt still prefilling in chunks holds no request
+    held, done = tr.step(*_rows([[1, 2, 3, 9, 4, 4, 8, 8, 5, 6], [7, 7]], [[6], []]))
+    assert held[0] is c and c.output.tolist() == [5, 6] and held[1] is None and done == [a]
+    # the same text appended by other than the sampled count is not a continuation
+    held, done = tr.step(*_rows([[1, 2, 3, 9, 4, 4, 8, 8, 5, 6, 1, 1]], [[1]]))
+    assert held[0] is not c and done == [c]
+
+
+# ------------------------------------------------------------------ capture by serving
+
+def _capture(model: str, bench: str, out: Path, engine: str, *extra: str) -> subprocess.CompletedProcess:
+    args = [sys.executable, "-m", "data", "capture", "--bench", bench, "--model", model, "--out", str(out),
+            "--max-new-tokens", "24", "--batch-size", "4", "--flush-every", "2", "--engine", engine, "--quiet", *extra]
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+
+
+def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64, tmp_path):
+    """--engine vllm writes the store format (verified, censused, replayed); its tokens equal the harness's
+    capture of the same requests and its states agree to float32 rounding; the engines do not mix."""
+    from data.store import open_store
+    from decoder.traces import load_traces
+    from tests.conftest import STORY_PROMPTS, write_jsonl
+
+    bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS * 2)
+    served, harness = tmp_path / "served", tmp_path / "harness"
+    r = _capture(tiny_llama64, bench, served, "vllm")
+    assert r.returncode == 0, r.stderr[-3000:]
+    path = Path(r.stdout.strip().splitlines()[-1])
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["engine"] == "vllm" and meta["complete"] and meta["n_requests"] == 12
+    v = subprocess.run([sys.executable, "-m", "data", "verify", str(path)], cwd=ROOT, capture_output=True, text=True)
+    assert v.returncode == 0 and "OK" in v.stdout + v.stderr, v.stderr
+    r2 = _capture(tiny_llama64, bench, harness, "harness")
+    assert r2.returncode == 0, r2.stderr[-3000:]
+    a = load_traces(open_store(path), None, None)
+    b = load_traces(open_store(Path(r2.stdout.strip().splitlines()[-1])), None, None)
+    assert [t.tokens for t in a] == [t.tokens for t in b] and sum(len(t.tokens) for t in a) > 12 * 5
+    for ta, tb in zip(a, b):
+        n = len(ta.tokens) - 1  # the last token's row is never computed
+        np.testing.assert_allclose(ta.hidden[:n].astype(np.float32), tb.hidden[:n].astype(np.float32),
+                                   rtol=2e-2, atol=2e-2)
+        np.testing.assert_allclose(ta.first_hidden.astype(np.float32), tb.first_hidden.astype(np.float32),
+                                   rtol=2e-2, atol=2e-2)
+        assert (ta.topk[:n, 0] == tb.topk[:n, 0]).all() and (ta.first_topk[0] == tb.first_topk[0])
+    c = subprocess.run([sys.executable, "-m", "census", "--bench", bench, "--model", tiny_llama64, "--out", str(served)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert c.returncode == 0, c.stderr[-2000:]
+    # the harness does not extend a store vLLM wrote (nor the reverse): one line
+    r3 = _capture(tiny_llama64, bench, served, "harness")
+    assert r3.returncode == 2 and "engine" in r3.stderr and len(r3.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+def test_smollm2_in_vllm_is_greedy_token_for_token(tmp_path):
+    """The same on SmolLM2-135M: oilbird and oilbird-no-semantic through vLLM equal vLLM's greedy decoding over
+    four API-Bank requests (two concurrent), and vLLM's greedy equals the harness's store where one exists."""
+    from data.benchmarks import load_requests
+    from data.models import encode_prompt, load_model
+
+    lm = load_model("smollm2-135m")
+    prompts = [encode_prompt(lm, r.messages) for r in load_requests("apibank", 4)]
+    (tmp_path / "prompts.json").write_text(json.dumps(prompts))
+    got = {}
+    for arm in ("vllm-greedy", "oilbird", "oilbird-no-semantic"):
+        r = _run(lm.path, arm, tmp_path, max_new=64, batch=2)
+        assert r.returncode == 0, r.stderr[-3000:]
+        got[arm] = json.loads((tmp_path / f"{arm}.json").read_text())
+    assert got["oilbird"]["outputs"] == got["vllm-greedy"]["outputs"] == got["oilbird-no-semantic"]["outputs"]
+    assert got["oilbird"]["proposer"]["unaligned_steps"] == 0 and got["oilbird"]["spec"]["num_accepted_tokens"] > 0
+
+
+def test_the_verification_profile_measured_in_vllm(tiny_llama64, tmp_path):
+    """`python -m decoder profile --engine vllm`: the harness profile's format and grid, priced on vLLM steps
+    (the file says so), readable by replay's cost model."""
+    from decoder.profile import CostModel
+
+    out = tmp_path / "p.json"
+    r = subprocess.run([sys.executable, "-m", "decoder", "profile", "--engine", "vllm", "--model", tiny_llama64,
+                        "--contexts", "64,160", "--nodes", "0,2,8", "--reps", "2", "--file", str(out), "--quiet"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    d = json.loads(out.read_text())
+    assert d["engine"] == "vllm" and d["nodes"] == [0, 2, 8] and d["contexts"] == [64, 160]
+    assert np.array(d["verify_s"]).shape == (2, 3) and min(min(row) for row in d["verify_s"]) > 0
+    assert d["prefill_lengths"] == [64, 160] and min(d["prefill_s"]) > 0
+    cost = CostModel.load(out, model_fingerprint=d["model_fingerprint"])
+    assert cost.verify_s(2, 100) > 0 and cost.meta["engine"] == "vllm"
