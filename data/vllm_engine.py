@@ -147,7 +147,6 @@ class StepTap:
         self.layer = layer or default_capture_layer(len(layers))  # 1-based, as data/models.py
         if not 1 <= self.layer <= len(layers):
             raise OilbirdError(f"capture layer {self.layer} outside the model's 1..{len(layers)}")
-        self.d = int(getattr(model.config, "hidden_size", 0)) if hasattr(model, "config") else 0
         self._step: Step | None = None
         self.handles = [layers[self.layer - 1].register_forward_hook(self._on_layer)]
         head = getattr(model, "logits_processor", None)

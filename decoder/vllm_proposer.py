@@ -116,8 +116,8 @@ class OilbirdProposer(RequestRecorder):
 
     def draft(self, req: RowRequest, rows, sampled: Sequence[int], room: int) -> list[int]:
         """Resume the request, observe the verification of its last chain, propose the next, suspend it."""
-        prompt = req.tokens[:req.prompt_len].tolist()
-        if req.saved is None:
+        if req.saved is None:  # a new request: the prompt list is built once, here
+            prompt = req.tokens[:req.prompt_len].tolist()
             self.drafter.begin_request(prompt, prompt_hash(prompt))
         else:
             self.drafter.resume_request(req.saved)
