@@ -35,8 +35,8 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 PROFILE_ENGINE ?= vllm
 PROFILE_FILE   ?= $(OUT)/profiles/$(MODEL)-cpu$(if $(filter vllm,$(PROFILE_ENGINE)),-vllm).json
 
-# The arms `make census` replays for the decision (the key on and off, and the two lexical baselines).
-REPLAY_ARMS ?= suffix,lexical,oilbird,oilbird-no-semantic
+# The arms `make census` replays for the decision (the key on and off, and the lexical baselines: decoder/policy.py).
+REPLAY_ARMS ?= suffix,suffix-arctic-tree,lexical,oilbird,oilbird-no-semantic
 
 .PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm sweep-index sweep-budget ablations grid clean
 
@@ -67,6 +67,8 @@ capture: $(STAMP)
 
 # The main job: capture if missing (resumes if partial), census, the verification-cost profile of this
 # machine (once), replay of the decision arms over the whole store (pool past), report with the verdict.
+# Census and replay always recompute (no --if-missing): a result of the store as it was before an extension
+# is stale (the reports mark it) and is replaced here, and one made by older code is too.
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)

@@ -73,7 +73,7 @@ from data.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits  # noqa: E402
 from data.layout import bench_dir, model_slug, store_dir  # noqa: E402
 from data.schema import prompt_hash  # noqa: E402
 from data.stateindex import unit  # noqa: E402
-from data.store import open_store, store_fingerprint  # noqa: E402
+from data.store import open_store  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
@@ -480,7 +480,8 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="the store's first N requests only")
     ap.add_argument("--serve", type=int, default=48, help="the last N requests are served; the others warm the pool")
     ap.add_argument("--pool-sizes", default=",".join(map(str, DEFAULT_SIZES)), help="warm pool sizes in states")
-    ap.add_argument("--arms", default=",".join(DECISION_ARMS))
+    # the published SuffixDecoding cache (a decision arm) has its own row here, `arcticinference`
+    ap.add_argument("--arms", default=",".join(a for a in DECISION_ARMS if a != "suffix-arctic-tree"))
     ap.add_argument("--index", default=PoolSettings().index, help="the semantic key's index spec (data/stateindex.py)")
     ap.add_argument("--knn-recall-every", type=int, default=PoolSettings().knn_recall_every)
     ap.add_argument("--index-train-size", type=int, default=PoolSettings().index_train_size)
@@ -526,7 +527,7 @@ def main(argv=None) -> int:
     out_path = bench_dir(args.out, args.bench, slug) / "draft.json"
     result = {
         "kind": "bench-draft", "bench": args.bench, "model": store.meta.get("model"), "store": str(path),
-        "store_fingerprint": store_fingerprint(store.meta), "device": device_info(),
+        "store_fingerprint": store.fingerprint, "device": device_info(),
         "command": " ".join([Path(sys.argv[0]).name if argv is None else "bench_draft.py",
                              *(sys.argv[1:] if argv is None else argv)]),
         "started": started.isoformat(timespec="seconds"), "finished": None, "complete": False,

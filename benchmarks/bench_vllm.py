@@ -40,7 +40,7 @@ from data.errors import OilbirdError, cli_entry
 from data.files import atomic_write_json
 from data.layout import model_slug, store_dir
 from data.models import resolve_model
-from data.store import open_store, store_fingerprint
+from data.store import open_store
 from data.vllm_engine import require_vllm
 
 ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "oilbird-no-semantic", "oilbird")
@@ -126,7 +126,7 @@ def main(argv=None) -> int:
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
     summary = {"kind": "bench-vllm", "bench": a.bench, "model": a.model, "store": str(path),
-               "store_fingerprint": store_fingerprint(store.meta),
+               "store_fingerprint": store.fingerprint,
                "device": {"type": "cpu", "cores": os.cpu_count(), "machine": platform.machine()},
                "settings": {"limit": len(traces), "max_new": a.max_new, "batches": batches, "k": a.k,
                             "nodes": a.nodes, "arms": arms, "rounds": a.rounds, "dtype": "float32",

@@ -37,7 +37,7 @@ def _census_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default=None, help="kNN device (default: cuda when available)")
     _index_args(p)
     p.add_argument("--store-budget", default=None,
-                   help="bound the past pool: tokens (200k) or megabytes (64MB); default unbounded")
+                   help="bound the past pool: tokens (200k) or megabytes (64MB); default unbounded; 0 is refused, all = unbounded")
     p.add_argument("--no-embeddings", action="store_true", help="skip the static-embedding key (no model load)")
     p.add_argument("--if-missing", action="store_true",
                    help="skip when the census with these settings exists for the store as it is now")
@@ -63,7 +63,7 @@ def _sweep_parser(kind: str) -> argparse.ArgumentParser:
                                                 "writes runs/<bench>/<model>/sweeps/index.json")
         p.add_argument("--index", action="append", required=True,
                        help="specs, comma-separated (opq64,pq64 groups into one spec; ';' always separates)")
-        p.add_argument("--store-budget", default=None, help="bound the past pool, in tokens (200k)")
+        p.add_argument("--store-budget", default=None, help="bound the past pool, in tokens (200k); 0 is refused, all = unbounded")
     else:
         p = argparse.ArgumentParser(prog="python -m census sweep-budget",
                                     description="The census under several store budgets; writes "
@@ -85,6 +85,7 @@ def _sweep_parser(kind: str) -> argparse.ArgumentParser:
 def _grid_parser() -> argparse.ArgumentParser:
     from census.grid import GridCapture
     from data.benchmarks import GRID_BENCHES
+    from data.jsonl import MAX_LINE_HELP
 
     cap = GridCapture()
     p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks "
@@ -101,6 +102,7 @@ def _grid_parser() -> argparse.ArgumentParser:
                    help=f"--capture's token cap ({cap.max_new_tokens})")
     p.add_argument("--batch-size", type=int, default=cap.batch_size, help=f"--capture's rows ({cap.batch_size})")
     p.add_argument("--no-limits", action="store_true", help="--capture whole benchmarks (no GRID_LIMITS)")
+    p.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -131,6 +133,10 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             print(target)
             return 0
+    from data.layout import check_writable, model_dir, model_slug
+
+    # before any work: the census writes its temporary folder beside census/, in the model's folder
+    check_writable(model_dir(args.out, args.bench, model_slug(args.model)))
     target, summary = run_census(args.bench, args.model, cfg, args.out,
                                  embeddings=None if args.no_embeddings else "load", progress=not args.quiet)
     print(format_summary(summary))
@@ -142,8 +148,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep(kind: str, args) -> int:
     from census import sweep
-    from data.layout import model_slug, sweeps_dir
+    from data.layout import check_writable, model_slug, sweeps_dir
 
+    check_writable(sweeps_dir(args.out, args.bench, model_slug(args.model)))  # before any work
     cfg = CensusConfig(pool=args.pool, candidates=args.candidates, seed=args.seed, device=args.device,
                        index_train=args.index_train, recall_sample=args.recall_sample, bootstrap=0)
     if kind == "index":
@@ -165,17 +172,19 @@ def _sweep(kind: str, args) -> int:
 def _grid(args) -> int:
     from census.grid import GridCapture, format_grid, grid_table
     from data.files import atomic_write_bytes, atomic_write_json, clean_leftovers
-    from data.layout import grid_dir, grid_name, model_slug
+    from data.jsonl import line_bound
+    from data.layout import check_writable, grid_dir, grid_name, model_slug
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]
     if not benches:
         raise OilbirdError("--benches names no benchmark")
-    capture = GridCapture(args.max_new_tokens, args.batch_size, not args.no_limits) if args.capture else None
-    grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
-                      capture=capture)
-    text = format_grid(grid)
-    target = grid_dir(args.out, model_slug(args.model))
+    target = check_writable(grid_dir(args.out, model_slug(args.model)))  # before any work
     name = grid_name(args.pool)
+    capture = GridCapture(args.max_new_tokens, args.batch_size, not args.no_limits) if args.capture else None
+    with line_bound(args.max_line_bytes):
+        grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
+                          capture=capture)
+    text = format_grid(grid)
     clean_leftovers(target)  # temporary files of a killed earlier run
     atomic_write_json(target / f"{name}.json", grid)
     atomic_write_bytes(target / f"{name}.txt", (text + "\n").encode())

@@ -22,7 +22,7 @@ from data.errors import OilbirdError
 from data.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir
 from data.layout import census_dir, model_slug, store_dir
 from data.models import pick_device, same_model
-from data.store import open_store, store_fingerprint
+from data.store import TraceStore, open_store
 
 
 def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
@@ -89,8 +89,19 @@ def _restore_or_clean(target: Path) -> None:
     clean_leftovers(target.parent, f".{target.name}.*.old")
 
 
-def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, CensusInput]:
-    """The trace store of runs/<bench>/<model> as a census input: (store path, meta, input)."""
+UNVERIFIED_NOTE = ("computed on an unverified trace store (no checksums in its meta.json, as in a store written "
+                   "before checksums existed), so its files could not be checked against what capture wrote")
+
+
+def store_provenance(store: TraceStore) -> dict:
+    """What a result records about the store it was computed on: `store_fingerprint` (what makes it
+    stale when the store changes: data/store.py `current_fingerprint`) and `store_verified` (false:
+    a store without checksums; the result's notes and the reports say so)."""
+    return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified)}
+
+
+def open_input(bench: str, model: str, out: str | Path) -> tuple[Path, TraceStore]:
+    """The opened trace store of runs/<bench>/<model> (refused with one line when missing or damaged)."""
     slug = model_slug(model)
     path = store_dir(out, bench, slug)
     if not (path / "meta.json").exists():
@@ -98,6 +109,12 @@ def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, Cen
                            f"--bench {bench} --model {model} --out {out}` first (or `make census BENCH={bench}`)")
     store = open_store(path)
     check_store_model(store.meta, model, path)
+    return path, store
+
+
+def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, CensusInput]:
+    """The trace store of runs/<bench>/<model> as a census input: (store path, meta, input)."""
+    path, store = open_input(bench, model, out)
     meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
     return path, meta, CensusInput.from_store(store).check()
 
@@ -111,9 +128,13 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     if (store_dir(out, bench, slug) / "meta.json").exists():
         _restore_or_clean(target)  # leftovers of a census killed while writing
     t0 = time.perf_counter()
-    path, meta, data = read_input(bench, model, out)
+    path, store = open_input(bench, model, out)
+    meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
+    data = CensusInput.from_store(store).check()
+    provenance = store_provenance(store)
+    del store
     t_read = time.perf_counter() - t0
-    notes = []
+    notes = [] if provenance["store_verified"] else [UNVERIFIED_NOTE]
     if isinstance(embeddings, str):
         embeddings, why = load_embeddings(meta)
         if why:
@@ -127,7 +148,7 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
         notes.append(result.index["note"])
     summary = summarize(df, cfg, meta=meta, notes=notes, emb_available=embeddings is not None)
     summary["store"] = str(path)
-    summary["store_fingerprint"] = store_fingerprint(meta)
+    summary.update(provenance)
     summary["index"] = result.index
     summary["pool_bounds"] = result.pool
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),

@@ -12,6 +12,7 @@ import argparse
 import sys
 
 from data.errors import OilbirdError, cli_entry
+from data.jsonl import MAX_LINE_HELP
 from data.layout import RUNS
 
 
@@ -47,15 +48,22 @@ def _limit(bench: str, text: str | None) -> int | None:
 
 def _cmd_capture(args) -> int:
     from data.capture import CaptureConfig, capture
+    from data.jsonl import line_bound
+    from data.layout import check_writable, model_slug, store_dir
 
+    # before the model loads: a --model or --bench that would leave its folder, and an --out that cannot
+    # be written (a file, /proc, immutable), each end in one line here, not in a traceback after the work
+    check_writable(store_dir(args.out, args.bench, model_slug(args.model)))
     limit = _limit(args.bench, args.limit)
     cfg = CaptureConfig(bench=args.bench, model=args.model, limit=limit, max_new_tokens=args.max_new_tokens,
                         batch_size=args.batch_size, mode=args.mode, out=args.out, force=args.force,
                         dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet,
                         truncate=args.truncate, flush_every=args.flush_every,
                         prefix_cache=args.prefix_cache, prefix_cache_mb=args.prefix_cache_mb,
-                        prefix_reuse=args.prefix_cache > 0, engine=args.engine)
-    path = capture(cfg)
+                        prefix_reuse=args.prefix_cache > 0, engine=args.engine,
+                        agree_with=args.agree_with)
+    with line_bound(args.max_line_bytes):
+        path = capture(cfg)
     print(path)
     return 0
 
@@ -156,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference mode: bound on the prefix cache's KV memory in MB (default 1024)")
     c.add_argument("--engine", choices=["harness", "vllm"], default="harness",
                    help="harness (default: this package's decoding loop) or vllm (capture by serving; docs/vllm.md)")
+    c.add_argument("--agree-with", default=None, metavar="STORE",
+                   help="a store of the same requests by the other engine: identical requests, first divergence "
+                        "and state cosine go into this store's meta.json 'agreement' (data/agreement.py)")
+    c.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)
     s = sub.add_parser("show", help="summarise a trace store")

@@ -89,11 +89,12 @@ def bytes_per_token(spec: IndexSpec, d: int) -> float:
 
 
 def parse_budget(text: str | int | None) -> Budget | None:
-    """None / '' / 'none' / 'all' / 0: unbounded."""
+    """None / '' / 'none' / 'all' / 'inf': unbounded. 0 is refused like any budget below 1 token: it
+    once meant unbounded without saying so, the opposite of what it reads as (an empty pool)."""
     if text is None:
         return None
     raw = str(text).strip().lower().replace("_", "").replace(",", "")
-    if raw in ("", "none", "all", "0", "inf"):
+    if raw in ("", "none", "all", "inf"):
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)\s*(mb|mib)", raw)
     if m:
@@ -106,7 +107,8 @@ def parse_budget(text: str | int | None) -> Budget | None:
         raise OilbirdError(f"--store-budget '{text}': give tokens (200k, 1.5M, 50000) or megabytes (64MB)")
     tokens = int(round(float(m.group(1)) * _UNITS[m.group(2)]))
     if tokens <= 0:
-        raise OilbirdError(f"--store-budget {text}: must be positive")
+        raise OilbirdError(f"--store-budget {text}: must be positive (leave it out, or give 'all', for an "
+                           "unbounded pool)")
     return Budget(str(text), tokens=tokens)
 
 

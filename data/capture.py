@@ -14,6 +14,7 @@ import platform
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 
 from data.benchmarks import get_benchmark, load_requests
 from data.errors import OilbirdError
-from data.greedy import Generated, PrefixCache, greedy_stream
+from data.greedy import Generated, PrefixCache, context_cap, context_note, greedy_stream
 from data.layout import RUNS, store_dir
 from data.models import LayerTap, LoadedModel, encode_prompt, load_model
 from data.request import Request, data_fingerprint
@@ -52,6 +53,8 @@ class CaptureConfig:
     prefix_cache_mb: float = 1024.0  # reference mode: bound on the entries' KV bytes
     progress: bool = True
     engine: str = "harness"  # harness (this package's transformers loop) | vllm (capture by serving: data/vllm_capture.py)
+    agree_with: str | None = None  # a store of the same requests (the other engine's): their agreement goes into
+    #                                meta.json "agreement" (data/agreement.py) when the capture ends
 
 
 
@@ -73,6 +76,8 @@ def fit_prompts(lm: LoadedModel, requests: list[Request], max_new: int, truncate
     With `outputs` (reference mode: each request's reference tokens) the room a prompt must leave
     is its own reference's length, and prompt + reference longer than the context is refused
     (or, with truncate="left", the prompt is cut so that both fit).
+    In generate mode a prompt that fits but leaves less room than max_new decodes up to the
+    context only (data/greedy.py `context_cap`), said in one note.
     Returns the prompts and {request id: original length} of the truncated ones."""
     prompts, truncated = [], {}
     ctx = lm.context
@@ -103,6 +108,9 @@ def fit_prompts(lm: LoadedModel, requests: list[Request], max_new: int, truncate
             raise OilbirdError(f"request {req.id}: the prompt is {len(p)} tokens, longer than the model's context "
                                f"of {ctx} positions; pass --truncate left to keep its most recent tokens")
         prompts.append(p)
+    cut = sum(context_cap(max_new, len(p), ctx) < max_new for p in prompts) if outputs is None else 0
+    if cut:  # decoding stops at the context (data/greedy.py; vLLM's own rule): said once, not refused
+        print(context_note(cut, max_new, ctx), file=sys.stderr)
     if truncated:
         room_text = "their references" if outputs is not None else f"--max-new-tokens {max_new}"
         print(f"note: truncated {len(truncated)} prompt(s) from the left to fit {ctx} positions with "
@@ -146,6 +154,8 @@ def check_config(cfg: CaptureConfig) -> None:
         require_vllm()
     if cfg.truncate not in (None, "left"):
         raise OilbirdError(f"unknown --truncate '{cfg.truncate}'; use left")
+    if cfg.agree_with and not (Path(cfg.agree_with) / "meta.json").is_file():
+        raise OilbirdError(f"--agree-with {cfg.agree_with}: no trace store there (meta.json missing)")
     if cfg.prefix_cache < 0:
         raise OilbirdError("--prefix-cache must be 0 (off) or more entries")
     if not cfg.prefix_cache_mb > 0:
@@ -254,28 +264,54 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     all_prompts, truncated = fit_prompts(lm, requests, max_new, cfg.truncate, all_refs)
     path = store_dir(cfg.out, cfg.bench, lm.slug)
     every_request = load_requests(cfg.bench)  # the whole benchmark: its fingerprint, and the N of "first N of M"
-    writer = StoreWriter(path, store_meta(cfg, lm, info, max_new, every_request), force=cfg.force)
+    # the writer holds the store's lock until this block ends, however it ends (data/storelock.py)
+    with StoreWriter(path, store_meta(cfg, lm, info, max_new, every_request), force=cfg.force) as writer:
+        _check_committed(path, writer, requests)
+        if writer.done >= len(requests):
+            _finish_already_done(path, writer, cfg, len(requests), len(every_request))
+            done = True
+        else:
+            done = False
+        if not done:
+            _capture_into(writer, cfg, lm, info, requests, all_prompts, all_refs, truncated, max_new,
+                          len(every_request))
+    if cfg.agree_with:
+        from data.agreement import record_agreement
+
+        record_agreement(path, cfg.agree_with)
+    return str(path)
+
+
+def _finish_already_done(path: Path, writer: StoreWriter, cfg: CaptureConfig, asked: int, total: int) -> None:
+    """The store already holds the requests asked for. An incomplete one is finished as it stands:
+    when it holds more than asked (an extension killed, then rerun with a smaller --limit), its
+    `limit` says what it holds, not what this run asked for."""
+    held = writer.done
+    if not writer.meta.get("complete"):
+        if held > asked:
+            print(f"note: {path} holds {held} requests, more than the {asked} asked for (an interrupted "
+                  f"extension's); finished with all {held} (meta.json limit {held})", file=sys.stderr)
+        writer.finish(limit=held if held > asked else cfg.limit, requests_total=total)
+    print(f"{path}: already holds {held} requests (asked for {asked}); nothing to capture", file=sys.stderr)
+
+
+def _capture_into(writer: StoreWriter, cfg: CaptureConfig, lm: LoadedModel, info, requests: list[Request],
+                  all_prompts: list[list[int]], all_refs, truncated: dict[str, int], max_new: int,
+                  total: int) -> None:
+    """Decode the requests the store does not hold yet, commit them, and mark the store complete."""
     start = writer.done
-    _check_committed(path, writer, requests)
-    if start >= len(requests):
-        if not writer.meta.get("complete"):
-            writer.finish(limit=cfg.limit, requests_total=len(every_request))
-        print(f"{path}: already holds {start} requests (asked for {len(requests)}); nothing to capture",
-              file=sys.stderr)
-        return str(path)
     writer.reopen()  # extending a finished store (a larger --limit): incomplete on disk before any part
     writer.meta["prompt_hash_scheme"] = PROMPT_HASH_SCHEME
     use_prefix = cfg.prefix_reuse and cfg.prefix_cache > 0
     commits = _Commits.resume(writer, cfg, use_prefix)
     if start:
-        print(f"{path}: resuming after request {start - 1} ({start} of {len(requests)} done)", file=sys.stderr)
+        print(f"{writer.path}: resuming after request {start - 1} ({start} of {len(requests)} done)", file=sys.stderr)
     refs = all_refs[start:] if all_refs is not None else None
     _capture_rest(cfg, lm, writer, commits, requests[start:], all_prompts[start:], refs, truncated, max_new,
                   info.stop_strings, use_prefix, len(requests))
     runs = commits.runs
-    writer.finish(limit=cfg.limit, requests_total=len(every_request), runs=runs, truncated=commits.truncated,
+    writer.finish(limit=cfg.limit, requests_total=total, runs=runs, truncated=commits.truncated,
                   prompt_tokens_reused=commits.reused, seconds_total=round(sum(r["seconds"] or 0.0 for r in runs), 3))
-    return str(path)
 
 
 def _capture_rest(cfg: CaptureConfig, lm: LoadedModel, writer: StoreWriter, commits: _Commits, todo: list[Request],

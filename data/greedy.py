@@ -2,7 +2,8 @@
 
 One decoding step, top to bottom (`greedy_stream`): feed the last tokens of every live row with
 the KV cache, read the capture layer's output from the LayerTap and the top-8 of the logits,
-take the argmax, and stop a row at EOS, at a benchmark stop string, or at the token cap.
+take the argmax, and stop a row at EOS, at a benchmark stop string, or at the token cap, which
+never runs past the model's context (`context_cap`).
 Rows of a batch are right-aligned and left-padded; a finished request's row takes the next
 request, and once no request is left the free rows are dropped. The cache appends in place
 (data.kvcache). A prompt that starts as the previous one did reuses its KV (`PrefixCache`).
@@ -33,6 +34,22 @@ class Generated:
     stop_reason: str
     seconds: float = 0.0
     prompt_tokens_reused: int = 0  # prompt positions whose KV came from an earlier request (not recomputed)
+
+
+def context_cap(max_new_tokens: int, prompt_len: int, context: int | None) -> int:
+    """One request's token cap: max_new_tokens, but never past the model's context, prompt + output
+    <= context (vLLM's rule too: its requests stop there with reason length), since positions beyond
+    it were never trained and decode silently into noise. At least 1: the first token is chosen at
+    the prompt's last position, inside the context (a longer prompt is refused before decoding)."""
+    if not context:
+        return max_new_tokens
+    return max(1, min(max_new_tokens, context - prompt_len))
+
+
+def context_note(n_cut: int, max_new_tokens: int, context: int) -> str:
+    """The one line said when `context_cap` cuts the cap of some requests."""
+    return (f"note: {n_cut} request(s) stop at the model's context of {context} positions (prompt + output) "
+            f"before --max-new-tokens {max_new_tokens}, with stop reason length")
 
 
 def _stopped_by_string(tokenizer, tokens: list[int], stop_strings: tuple[str, ...]) -> bool:
@@ -73,6 +90,7 @@ class _Row:
     prompt: list[int]
     logits: torch.Tensor  # [V] next-token logits
     result: Generated
+    cap: int = 0  # its token cap (context_cap), set when it joins the batch
     hiddens: list = field(default_factory=list)
     topks: list = field(default_factory=list)
     t0: float = 0.0
@@ -197,6 +215,7 @@ def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], 
                 exhausted = True
                 break
             row_cache, row = _prefill(lm, tap, nxt[0], nxt[1], prefix)
+            row.cap = context_cap(max_new_tokens, len(row.prompt), lm.context)
             slot = rows.index(None) if None in rows else None
             cache, mask = _admit(cache, mask, row_cache, len(row.prompt), slot)
             if slot is None:
@@ -214,7 +233,7 @@ def greedy_stream(lm: LoadedModel, tap: LayerTap, prompts: Iterable[list[int]], 
                 res.stop_reason = "eos"
             elif _stopped_by_string(lm.tokenizer, res.tokens, stop_strings):
                 res.stop_reason = "stop_string"
-            elif len(res.tokens) >= max_new_tokens:
+            elif len(res.tokens) >= row.cap:
                 res.stop_reason = "length"
             else:
                 continue

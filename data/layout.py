@@ -15,7 +15,8 @@
 
 Every folder name made from user input goes through `component`, which refuses one that would
 leave its parent ('', '.', '..', a path separator): `--model /path/sub/..` must not put a store in
-`runs/<bench>/traces` over another benchmark's (issue 23).
+`runs/<bench>/traces` over another benchmark's (issue 23). `check_writable` refuses, before any
+work, an output folder that cannot be written (a file, /proc, an immutable or read-only folder).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import tempfile
 from pathlib import Path
 
 from data.errors import OilbirdError
@@ -160,3 +162,33 @@ def grid_name(pool: str) -> str:
 def default_profile_path(out: str | Path, slug: str, device_type: str) -> Path:
     """runs/profiles/<model>-<device>.json."""
     return Path(out) / PROFILES / f"{component(slug, 'model slug')}-{device_type}.json"
+
+
+def check_writable(path: str | Path, flag: str = "--out") -> Path:
+    """Refuse, in one line and before any work, an output folder that cannot be written: a file in the
+    way, a folder under /proc, an immutable or read-only one. `path` may not exist yet: the deepest
+    folder of it that exists gets a probe file, made and removed at once. Nothing else is created,
+    so a command refused later for another reason leaves no empty folders behind. `flag` is the
+    option the user chose the folder with, named in the message.
+
+    Permission bits alone cannot say this (root ignores them; /proc and `chattr +i` refuse root too),
+    hence the probe. Returns `path`."""
+    path = Path(path)
+    existing = path
+    while not existing.exists():
+        if existing.parent == existing:
+            break
+        existing = existing.parent
+    if existing.exists() and not existing.is_dir():
+        if existing == path:
+            raise OilbirdError(f"{path} is a file, not a folder (check {flag})")
+        raise OilbirdError(f"cannot make {path}: {existing} is a file, not a folder (check {flag})")
+    try:
+        # the probe's name carries the pid, as every temporary name does (data/files.py clean_leftovers)
+        fd, probe = tempfile.mkstemp(dir=existing, prefix=f".probe.{os.getpid()}.", suffix=".tmp")
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        within = "" if existing == path else f" (nothing can be made in {existing})"
+        raise OilbirdError(f"cannot write {path}{within}: {e.strerror or e} (check {flag})") from None
+    return path

@@ -10,7 +10,8 @@ migrate_store rewrites a complete store in format 2 (zeros plus a validity colum
 damaged one (`verify_store` first). It keeps the writer's discipline: every file is renamed into
 place, and meta.json records the new files' checksums under `migrating` before the first rename,
 so a reader accepts each file under its old or its new checksum until the last step moves them
-into `checksums` (with `store_format` 2 and `migrated_from_format`). A migration killed midway
+into `checksums` (with `store_format` 2 and `migrated_from_format`), all under the store's write
+lock (data/storelock.py), so no capture writes the store meanwhile. A migration killed midway
 leaves a store that opens and verifies; running it again finishes it. A store without checksums
 (older than them) is rewritten the same way and stays without checksums.
 """
@@ -31,6 +32,7 @@ from data.errors import OilbirdError
 from data.files import atomic_write_bytes, atomic_write_json, fault_point, parquet_bytes
 from data.schema import STORE_FORMAT, fill_zero, fixed_list_to_numpy, numpy_dtype, position_schema, request_schema
 from data.store import _load_committed, _store_format, read_meta
+from data.storelock import StoreLock
 from data.verify import verify_store
 
 
@@ -99,6 +101,11 @@ def migrate_store(path: str | Path) -> str:
     if not path.is_dir() or not (path / "meta.json").exists():
         raise OilbirdError(f"{path} is not a trace store (no meta.json); give a store folder, "
                            "runs/<bench>/<model>/traces")
+    with StoreLock(path):  # a capture writing the store at the same time would interleave its commits
+        return _migrate(path)
+
+
+def _migrate(path: Path) -> str:
     meta = read_meta(path)
     old = _store_format(meta)
     if old >= STORE_FORMAT and "migrating" not in meta:

@@ -19,6 +19,21 @@ protocol: data/writer.py. The full check behind `python -m data verify`: data/ve
 Readers (open_store) refuse an incomplete store, then verify every checksum (sha256 runs at about
 1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
 written before checksums existed (no `checksums` key) open unverified (`TraceStore.verified`).
+Checksums cannot be dropped to pass that check (`written_with_checksums`): every writer that
+records `checksums` has written `n_requests` beside them in the same meta.json (since checksums
+exist) and a new store also gets `store_format` 2 (since that format exists); a store older
+than checksums has neither (a migration of it sets `store_format` but also `migrated_from_format`,
+and no `n_requests`). So a meta.json without `checksums` but with `n_requests`, or with
+`store_format` >= 2 and no `migrated_from_format`, lost them after capture: the store is refused
+as damaged (readers and a resuming writer alike, so a resume cannot re-record tampered files).
+Only a store stripped of all three (and so indistinguishable from one older than checksums) still
+opens unverified; every result computed on it records `store_verified: false` and says so.
+
+What a result depends on is `TraceStore.fingerprint` (`store_fingerprint` of meta.json; for a
+store without checksums, of its files' sha256 as read): results record it as `store_fingerprint`,
+`current_fingerprint(path)` is the store's one as it is now, and a result whose fingerprint differs
+is stale (`current_summary` recomputes it; the reports mark it).
+
 A store killed between the commit point and its meta.json update (step 3 of 4 of the commit
 protocol) is recognised here (`_load_committed`): its requests.parquet is accepted only when it
 holds exactly the pending row count and agrees row for row with the verified parts.
@@ -59,6 +74,7 @@ class TraceStore:
     prompt_last_topk: np.ndarray  # [n_requests, 8] int32
     offsets: np.ndarray  # [n_requests + 1] int64
     verified: bool = False  # every file matched its checksum in meta.json (False: a store older than checksums)
+    file_checksums: dict | None = None  # sha256 of each committed file as read (`fingerprint` of an unverified store)
 
     @property
     def n_requests(self) -> int:
@@ -74,6 +90,14 @@ class TraceStore:
     def prompt(self, r: int) -> list[int]:
         return list(self.requests["prompt_tokens"][r])
 
+    @property
+    def fingerprint(self) -> str:
+        """The `store_fingerprint` a result computed from this store records (`current_fingerprint` is the
+        same for the store on disk): meta.json's checksums, or for a store without them the files' own
+        sha256 as read, so a hand edit of an unverified store still makes its results stale."""
+        if self.verified or self.file_checksums is None:
+            return store_fingerprint(self.meta)
+        return store_fingerprint(dict(self.meta, checksums=self.file_checksums, n_requests=self.n_requests))
 
 
 def store_fingerprint(meta: dict) -> str:
@@ -84,9 +108,44 @@ def store_fingerprint(meta: dict) -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
+def current_fingerprint(store_path: str | Path) -> str | None:
+    """The `store_fingerprint` of the store at `store_path` as it is now (what `TraceStore.fingerprint`
+    gives when it is opened), or None when it has no readable meta.json or requests.parquet. Reads
+    meta.json only; a store without checksums has its files hashed (sha256, about 1 GB/s)."""
+    path = Path(store_path)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("checksums") is not None:
+        return store_fingerprint(meta)
+    req = path / "requests.parquet"
+    try:
+        sums = {f.name: _file_sha256(f) for f in [req, *position_parts(path)]}
+        n = meta.get("n_requests")
+        if n is None:  # written before n_requests: the rows, from the file's footer
+            import pyarrow.parquet as pq
+
+            n = pq.read_metadata(req).num_rows
+    except Exception:  # a missing or unreadable file: nothing to compare with (open_store says why)
+        return None
+    return store_fingerprint(dict(meta, checksums=sums, n_requests=n))
+
+
+def _file_sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def current_summary(summary_path: str | Path, store_path: str | Path, **expected) -> dict | None:
     """The summary.json at `summary_path` when it was computed from the store as it is now (a complete
-    store with the same `store_fingerprint`) and its fields equal `expected`; else None (recompute)."""
+    store with the same fingerprint: `current_fingerprint`) and its fields equal `expected`; else None
+    (recompute). What `--if-missing` (census, replay, the grid) reuses."""
     summary_path, meta_path = Path(summary_path), Path(store_path) / "meta.json"
     if not summary_path.exists() or not meta_path.exists():
         return None
@@ -96,7 +155,7 @@ def current_summary(summary_path: str | Path, store_path: str | Path, **expected
         return None
     if not isinstance(summary, dict) or not isinstance(meta, dict) or not meta.get("complete"):
         return None
-    if summary.get("store_fingerprint") != store_fingerprint(meta):
+    if summary.get("store_fingerprint") != current_fingerprint(store_path):
         return None
     return summary if all(summary.get(k) == v for k, v in expected.items()) else None
 
@@ -145,8 +204,15 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
     req_path = path / "requests.parquet"
     sums = meta.get("checksums")
     legacy_ok = _store_format(meta) < STORE_FORMAT
-    if sums is None:  # written before checksums: nothing to verify, only uncommitted parts to tell apart
+    if sums is None:
+        marker = written_with_checksums(meta)
+        if marker:  # removed after capture: refused, or a tampered file would pass as an older store's
+            raise _damaged(path, f"meta.json records no checksums, yet its {marker} shows it was written by a "
+                                 "capture that records them: they were removed, so no file can be checked")
+        # written before checksums: nothing to verify, only uncommitted parts to tell apart
         return _load_unverified(path, d, legacy_ok)
+    if not isinstance(sums, dict):
+        raise _damaged(path, "meta.json `checksums` is not an object of file name -> sha256")
     expected = dict(sums)
     moving = meta.get("migrating") or {}  # an interrupted migration's new checksums (data/migrate.py)
     promoted = False
@@ -196,6 +262,19 @@ def _load_unverified(path: Path, d: int, legacy_ok: bool) -> _Committed:
         else:
             orphans.append(part)
     return _Committed(req, parts, found, orphans, promoted=False, verified=False)
+
+
+def written_with_checksums(meta: dict) -> str | None:
+    """What in `meta` shows the store was written by code that records checksums (so a missing
+    `checksums` is damage), or None for a store older than checksums. The rule (module docstring):
+    `n_requests` (every checksumming writer sets it beside `checksums`), or `store_format` >= 2
+    without `migrated_from_format` (a new store's writer sets it beside `checksums`; a migration of
+    a store older than checksums sets `migrated_from_format` too)."""
+    if "n_requests" in meta:
+        return "`n_requests`"
+    if _store_format(meta) >= STORE_FORMAT and "migrated_from_format" not in meta:
+        return f"`store_format` {meta.get('store_format')}"
+    return None
 
 
 def _store_format(meta: dict) -> int:
@@ -273,8 +352,12 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     meta = read_meta(path)
     rerun = "rerun the same capture command to resume it (nothing captured so far is lost)"
     if not meta["complete"] and not allow_incomplete:
-        raise OilbirdError(f"trace store {path} is incomplete (its capture was interrupted, or is still running); "
-                           f"{rerun}")
+        from data.storelock import writer_of
+
+        holder = writer_of(path)
+        if holder is not None:
+            raise OilbirdError(f"trace store {path} is being written ({holder}); wait for it to finish")
+        raise OilbirdError(f"trace store {path} is incomplete (its capture was interrupted); {rerun}")
     if d_model is not None and int(meta["d_model"]) != int(d_model):
         raise OilbirdError(f"trace store {path} has d_model {meta['d_model']}, the model has {d_model}: wrong model for this store")
     if model_fingerprint is not None and meta["model_fingerprint"] != model_fingerprint:
@@ -308,7 +391,7 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     plt = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
     return TraceStore(path=path, meta=meta, requests=requests, positions=positions, hidden=hidden,
                       hidden_valid=valid, topk=topk, prompt_last_hidden=plh, prompt_last_topk=plt,
-                      offsets=offsets, verified=got.verified)
+                      offsets=offsets, verified=got.verified, file_checksums=got.checksums)
 
 
 def _zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:

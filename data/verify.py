@@ -8,7 +8,9 @@ import numpy as np
 
 from data.store import _damaged, _hashes_checked, open_store, position_parts
 
-STOP_REASONS = ("eos", "stop_string", "length", "reference")
+# "unknown": a store written by serving (data/served_store.py), whose proposer never sees a request's own
+# max_tokens or stop strings
+STOP_REASONS = ("eos", "stop_string", "length", "reference", "unknown")
 
 
 def verify_store(path: str | Path) -> str:

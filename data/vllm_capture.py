@@ -11,7 +11,8 @@ trace (tokens, states at the capture layer, top-8), and the store is written as 
     their states and top-8 are the trace's rows (row i: output[i] as input; the last output token is never
     fed, so its row stays invalid, as in every store);
   - a request that left the batch has finished: with OILBIRD_VLLM_TRACES set, its trace is written there
-    (one .npz per request, atomically). vLLM drops a finished request's row only at the next step, so a
+    (one .npz per request, atomically); with OILBIRD_VLLM_STORE set, it is appended to the trace store
+    there (data/served_store.py: serving writes the store). vLLM drops a finished request's row only at the next step, so a
     caller that needs every trace sends one more short request after the last (`flush_request`).
 The tokens the store keeps are the ones vLLM returned; the recorder's copy must agree (checked per request).
 """
@@ -42,14 +43,20 @@ class RequestRecorder:
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_len = int(vllm_config.model_config.max_model_len)
         self.traces_dir = os.environ.get(TRACES_ENV) or ""
+        self.vllm_config = vllm_config
+        self.store = None  # data.served_store.ServedStore when OILBIRD_VLLM_STORE is set (made in load_model)
         self.rows = RowTracker()
         self.tap: StepTap | None = None
         self.counts = dict(steps=0, rows=0, drafts=0, draft_tokens=0, requests=0, finished=0, written=0,
                            unverified_rows=0, unaligned_steps=0, draft_s=0.0)
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
-        """The runner hands over the target model: tap its capture layer and its logits."""
+        """The runner hands over the target model: tap its capture layer and its logits; with
+        OILBIRD_VLLM_STORE set, open the store served requests are written to (data/served_store.py)."""
+        from data.served_store import ServedStore
+
         self.tap = StepTap(model)
+        self.store = ServedStore.from_env(self.vllm_config, self.tap.layer)
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, *args: Any, **kwargs: Any) -> list[list[int]]:
@@ -121,6 +128,9 @@ class RequestRecorder:
         if self.traces_dir and trace is not None:
             write_trace(Path(self.traces_dir), req.serial, trace)
             self.counts["written"] += 1
+        if self.store is not None and trace is not None:
+            self.store.add(trace)
+            self.counts["stored"] = self.store.written
         self.finished(req, trace)
 
     def finished(self, req: RowRequest, trace: "Trace | None") -> None:

@@ -28,16 +28,19 @@ from data.errors import OilbirdError
 from data.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point
 from data.schema import FORMAT_VERSION, STORE_FORMAT, TOPK, fixed_list, position_schema, request_schema
 from data.store import _check_rows, _load_committed, position_parts, read_meta
+from data.storelock import StoreLock
+
 
 def record_checksums(path: str | Path) -> dict:
     """Record the checksums of a store's files as they are now, for a deliberate hand edit (a test
     that builds an unusual store); never a way to silence a damaged one."""
     path = Path(path)
-    meta = read_meta(path)
-    files = [f for f in [path / "requests.parquet", *position_parts(path)] if f.exists()]
-    meta["checksums"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-    meta.pop("pending", None)
-    atomic_write_json(path / "meta.json", meta)
+    with StoreLock(path):  # a hand edit still writes meta.json: one writer at a time
+        meta = read_meta(path)
+        files = [f for f in [path / "requests.parquet", *position_parts(path)] if f.exists()]
+        meta["checksums"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+        meta.pop("pending", None)
+        atomic_write_json(path / "meta.json", meta)
     return meta["checksums"]
 
 
@@ -102,8 +105,11 @@ class StoreWriter:
     """Appends whole requests to a store, atomically, so an interrupted capture resumes cleanly.
 
     Commit protocol: see the module docstring (part, pending meta, requests.parquet, meta). On
-    open, the store is brought back to its last commit: parts no request names are deleted, a
-    requests.parquet committed just before a kill is recorded, temporary files are removed.
+    open, the store's write lock is taken (data/storelock.py: a second writer stops at once, naming
+    the holder's pid), then the store is brought back to its last commit: parts no request names are
+    deleted, a requests.parquet committed just before a kill is recorded, temporary files are
+    removed. The lock is held until `finish` or `close` (use the writer in a `with` block), or the
+    process's exit.
     """
 
     SETTINGS = ("model_fingerprint", "layer", "d_model", "dtype", "tokenizer_hash", "chat_template_hash",
@@ -113,6 +119,16 @@ class StoreWriter:
     def __init__(self, path: str | Path, meta: dict, *, force: bool = False):
         self.path = Path(path)
         self.d_model = int(meta["d_model"])
+        # before any file is touched: a second writer would take our uncommitted part for an orphan
+        self.lock = StoreLock(self.path).acquire()
+        try:
+            self._open(meta, force)
+        except BaseException:
+            self.lock.release()
+            raise
+
+    def _open(self, meta: dict, force: bool) -> None:
+        """Bring the store back to its last commit (class docstring), or start a new one."""
         if force and self.path.exists():
             for p in list(self.path.glob("*.parquet")) + [self.path / "meta.json"]:
                 p.unlink(missing_ok=True)
@@ -150,9 +166,24 @@ class StoreWriter:
         """Requests committed so far: capture resumes at this index (serving order)."""
         return self.requests.num_rows
 
+    def __enter__(self) -> "StoreWriter":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the store's write lock; the writer writes nothing more."""
+        self.lock.release()
+
+    def _check_open(self) -> None:
+        if not self.lock.held:  # another writer may have changed the store since: our view is stale
+            raise RuntimeError(f"StoreWriter({self.path}) used after finish() or close()")
+
     def reopen(self) -> None:
         """About to add requests to a finished store (a larger --limit): say so on disk first, so a
         kill from here on leaves a store that readers refuse as incomplete, not a short one."""
+        self._check_open()
         if self.meta.get("complete"):
             self.meta["complete"] = False
             atomic_write_json(self.path / "meta.json", self.meta)
@@ -160,6 +191,7 @@ class StoreWriter:
     def append(self, records: list[TraceRecord], meta: dict | None = None) -> None:
         """Commit `records`; `meta` (fields describing the store with them, e.g. capture runs) is
         written into meta.json with the commit, and is lost with it when a kill comes first."""
+        self._check_open()
         if not records:
             return
         expect = list(range(self.done, self.done + len(records)))
@@ -185,7 +217,12 @@ class StoreWriter:
         atomic_write_json(self.path / "meta.json", self.meta)
         fault_point("after_commit")
 
-    def finish(self, **extra) -> None:
+    def finish(self, keep_lock: bool = False, **extra) -> None:
+        """Mark the store complete and release its write lock; with `keep_lock` the writer goes on: the
+        store reads as complete between its commits (serving writes the store: data/served_store.py)."""
+        self._check_open()
         self.meta.update(extra, complete=True, n_requests=self.done)
         self.meta.pop("pending", None)
         atomic_write_json(self.path / "meta.json", self.meta)
+        if not keep_lock:
+            self.close()

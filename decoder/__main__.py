@@ -14,6 +14,7 @@ require_dependencies()  # before the stage imports what it checks: one line, nev
 
 import argparse
 import sys
+from pathlib import Path
 
 from data.errors import cli_entry
 
@@ -26,12 +27,20 @@ ARMS_HELP = """arms:
   pld, suffix, sam, recycling, lexical
                          the lexical drafters (prompt lookup, SuffixDecoding, SAM-Decoding,
                          Token Recycling, and the merged spine/branch/adjacency tree)
+  suffix-arctic, suffix-arctic-tree
+                         ArcticInference's SuffixDecodingCache (vLLM's suffix method) at vLLM's
+                         defaults (depth 24, factor 1, a chain of <= 24), and in tree mode at the
+                         node budget (depth 64, factor 4); needs arctic-inference (make install)
+  toolspec, toolspec-memory
+                         ToolSpec: the prompt's tool schema through its FSM, then n-gram, then
+                         Token Recycling; -memory adds its retrieval of the 10 nearest past outputs
   oilbird                the method: lexical tree in 60 - 16 nodes, then the semantic key's chains,
                          the automaton branches and rejected-branch rollouts merged from the root
                          into the 16 reserved nodes
 ablations of oilbird (same drafter, one setting changed):
   oilbird-no-semantic    --no-semantic: the key never queried, everything else equal
-  semantic-only          both lexical sources off, no gate: key chains + rollouts from the root
+  semantic-only          both lexical sources off, no gate: key chains + rollouts + root branching
+                         (the anchor's top-8 adjacency successors, one token each) from the root
   semantic-null          semantic-only retrieving nothing from the key (its null control)
   oilbird-root-attached  retrieved chains hung from the root instead of merged into the tree
   oilbird-request-key    one key query per request selecting whole traces
@@ -43,7 +52,10 @@ ablations of oilbird (same drafter, one setting changed):
                          those hosts handed the cross-request pool under their own exact key
                          (pld: longest suffix n-gram <= 3; recycling: the anchor token), up to 16
                          tokens in the same 16 reserved nodes: the rung +key is measured against
-  pld+key, recycling+key the key transplanted into those hosts at an unchanged node budget
+  toolspec+pool          the same for the ToolSpec host (its exact key: suffix n-gram of 7 down to 5)
+  pld+key, recycling+key, toolspec+key
+                         that exact key replaced by the semantic key at an unchanged node budget
+                         (asked on every pass); +key-added: the key beside the host's own exact match
 variants: arm@field=value[:field=value] changes one config field of any arm, e.g. oilbird@theta=0.9,
   oilbird@calib_window=0, oilbird@retrieval_budget=8, oilbird@k=16 (decoder/drafters/__init__.py)
 summary.json of the key arms adds sole_source_share (sole-semantic tokens / all committed tokens, the
@@ -54,6 +66,10 @@ tenants (one drafter per tenant), store_budget_tokens and max_pool_tokens (--sto
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in ("replay", "ablations", "profile"):
+        code = preflight(argv[0], argv[1:])
+        if code:
+            return code
     if argv and argv[0] == "replay":
         from decoder.replay import replay_main
 
@@ -74,7 +90,51 @@ def main(argv: list[str] | None = None) -> int:
 
 
 @cli_entry
+def preflight(command: str, argv: list[str]) -> int:
+    """Before a replay, ablations or profile does any work: the folder its results go to is checked, so a
+    --model or --bench that would leave its folder (`--model /path/sub/..`: slug '..') or an --out that
+    cannot be written (a file, /proc, immutable) ends in one line now, not after minutes of work.
+
+    Only the flags that name the folder are read here (the command's own parser reads them all, and
+    answers --help and mistakes); a flag left out takes the command's default. With --if-missing nothing
+    may need writing, so only the names are checked."""
+    from data.layout import PROFILES, ablations_dir, check_writable, component, model_slug, replay_dir
+
+    if any(a in ("-h", "--help") for a in argv):
+        return 0
+    p = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    p.add_argument("--bench", default="apibank" if command == "ablations" else None)
+    p.add_argument("--model", default="smollm2-135m")
+    p.add_argument("--out", default="runs")
+    p.add_argument("--pool", default="past")
+    p.add_argument("--file", default=None)
+    p.add_argument("--if-missing", action="store_true")
+    try:
+        args, _ = p.parse_known_args(argv)
+    except SystemExit:  # a flag without its value: the command's own parser says so
+        return 0
+    if command == "profile":
+        if args.file:
+            target = Path(args.file).parent
+        else:
+            target = Path(args.out) / PROFILES
+            component(model_slug(args.model), "model slug")
+    elif args.bench is None:
+        return 0  # replay's parser says --bench is required
+    elif command == "replay":
+        if args.pool not in ("past", "warm"):
+            return 0  # replay's parser names the choices
+        target = replay_dir(args.out, args.bench, model_slug(args.model), args.pool)
+    else:
+        target = ablations_dir(args.out, args.bench, model_slug(args.model))
+    if not args.if_missing:
+        check_writable(target)
+    return 0
+
+
+@cli_entry
 def serve_main(argv: list[str] | None = None) -> int:
+    from data.jsonl import MAX_LINE_HELP
     from data.stateindex import DEFAULT_INDEX
     from decoder.pools import INDEX_HELP
 
@@ -101,7 +161,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--store-budget", default=None, metavar="B",
                    help="bound the pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest traces "
                         "leave when a finished request takes it above B, down to 7/8 of B (default: unbounded; "
-                        "not with --warm-from)")
+                        "not with --warm-from; 0 is refused, all = unbounded)")
     p.add_argument("--index-train", type=int, default=0, metavar="N",
                    help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
     p.add_argument("--rounds", type=int, default=1, metavar="R",
@@ -109,10 +169,15 @@ def serve_main(argv: list[str] | None = None) -> int:
                         "tokens/s and speedups are medians over the rounds with [min, max], the rest from round 1 "
                         "(default 1; the speed benches use 3)")
     p.add_argument("--no-compile", action="store_true", help="ar-static without torch.compile (static cache, eager)")
+    p.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
+    from data.jsonl import line_bound
+    from data.layout import check_writable, decode_dir, model_slug
     from decoder.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
+
+    check_writable(decode_dir(args.out, args.bench, model_slug(args.model)))  # before the model loads
 
     arms = tuple(args.arms.split(",")) if args.arms is not None else DEFAULT_ARMS
     cfg = DecodeConfig(bench=args.bench, model=args.model, arms=arms, limit=args.limit, nodes=args.nodes,
@@ -120,7 +185,8 @@ def serve_main(argv: list[str] | None = None) -> int:
                        dtype=args.dtype, device=args.device, progress=not args.quiet, index=args.index,
                        store_budget=args.store_budget, index_train_size=args.index_train, rounds=args.rounds,
                        static_compile=False if args.no_compile else None)
-    summaries = run_decode(cfg)
+    with line_bound(args.max_line_bytes):
+        summaries = run_decode(cfg)
     print(format_table(summaries))
     print(f"written: {next(iter(summaries.values()))['decode_dir']}/<arm>/")
     return 0

@@ -14,9 +14,11 @@ its joint request-bootstrap interval):
                           theta 0.7 / 0.9 (the entry floor), calib_window=0 (self-calibration off),
                           rollouts=0 (ring buffer off), retrieval_budget 8 / 32 (B_ret), k 4 / 16,
                           a shallower depth schedule 0.9x16_0.82x4 (default 0.9x48_0.82x8)
-Transplant ladder (paper: three published drafters at three rungs): pld and recycling at base,
-+pool (the host's own exact key over the pool) and +key (the semantic key added), each with tau and
-its interval.
+Transplant ladder (paper: three published drafters at three rungs): pld, recycling and toolspec (the
+ToolSpec host, decoder/drafters/toolspec.py) at base,
++pool (the host's own exact key over the pool), +key (that key replaced by the semantic key at the same
+node budget, asked on every pass) and +key-added (the key beside the host's exact key, asked only where
+that key matched), each with tau and its interval.
 Headline (`HEADLINE`): the lexical baselines suffix, sam, lexical, recycling and pld, each against
 oilbird on the same requests: tau, arm / oilbird (`vs_merged`) and oilbird / arm (`oilbird_over_arm`,
 its interval from the replay's own bootstrap draws over both arms' per-request passes), each with its
@@ -49,6 +51,8 @@ ABLATIONS = (
     ("lexical only", "oilbird-no-semantic"),
     ("semantic only", "semantic-only"),
     ("null control", "semantic-null"),
+    ("semantic only, no root branching", "semantic-only@root_branching=0"),
+    ("null control, no root branching", "semantic-null@root_branching=0"),
     ("root-attached instead of merged", "oilbird-root-attached"),
     ("one source per step (SAM-Decoding)", "oilbird-one-source"),
     ("request-level key", "oilbird-request-key"),
@@ -63,10 +67,16 @@ ABLATIONS = (
     ("k 16", "oilbird@k=16"),
     ("shallow depth schedule", "oilbird@depth_schedule=0.9x16_0.82x4"),
 )
-LADDER = (("pld", ("pld", "pld+pool", "pld+key")), ("recycling", ("recycling", "recycling+pool", "recycling+key")))
+# base, +pool, +key (the pool's exact key replaced by the semantic key, the paper's rung), +key-added (the key
+# beside the host's exact key, gated by it: a named extra rung)
+LADDER = (("pld", ("pld", "pld+pool", "pld+key", "pld+key-added")),
+          ("recycling", ("recycling", "recycling+pool", "recycling+key", "recycling+key-added")),
+          ("toolspec", ("toolspec", "toolspec+pool", "toolspec+key", "toolspec+key-added")))
 # the headline comparison: oilbird against the training-free lexical baselines (published ones and our lexical tree)
 HEADLINE = (
-    ("SuffixDecoding", "suffix"),
+    ("SuffixDecoding (ours)", "suffix"),
+    ("SuffixDecoding (ArcticInference, tree mode)", "suffix-arctic-tree"),
+    ("SuffixDecoding (ArcticInference, vLLM's defaults)", "suffix-arctic"),
     ("SAM-Decoding", "sam"),
     ("lexical tree (spine, branches, adjacency)", "lexical"),
     ("Token Recycling", "recycling"),
@@ -136,7 +146,11 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
               "target": f"oilbird / best_lexical >= {TARGET_RATIO} with the 95% interval's lower end above "
                         f"{TARGET_LOWER:g}",
               "target_met": met,
-              "missing": ["ring buffer off: replay records no rejected branches, so it equals oilbird here"]}
+              "missing": ["ring buffer off: replay records no rejected branches, so it equals oilbird here",
+                          "null control and semantic only: the rejected-branch pool records nothing in replay (the "
+                          "argmax after a rejected node needs that node's forward), so their rollouts are not "
+                          "measured here, only their root branching; live decoding measures both "
+                          "(docs/benchmarks.md)"]}
     atomic_write_json(folder / "ablations.json", result)
     return result
 
@@ -155,7 +169,7 @@ def format_table(r: dict) -> str:
     for a in r["ablations"]:
         lines.append(f"{a['label']:<34} {a['arm']:<38} {_iv(a['tau'], a['tau_interval']):>18} "
                      f"{_iv(a['vs_merged'], a['vs_merged_interval']):>18}")
-    lines.append("transplant ladder (base / +pool / +key):")
+    lines.append("transplant ladder (base / +pool / +key / +key-added):")
     for lad in r["ladder"]:
         lines.append(f"  {lad['drafter']:<12} " + "   ".join(f"{x['arm']} {_iv(x['tau'], x['tau_interval'])}"
                                                       for x in lad["rungs"]))

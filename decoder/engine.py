@@ -9,20 +9,23 @@ bonus token, and compacts the cache to the anchor + accepted nodes.
 
 Stopping is the capture rule (data/greedy.py), checked after every committed token in order:
 an EOS id (kept in the output), a benchmark stop string in the decoded tail of the generated
-tokens (kept), or the token cap. A pass that commits several tokens is cut where plain greedy
-decoding would have stopped, so every arm's output equals the `ar` output token for token.
+tokens (kept), or the token cap, cut per request where the model's context ends
+(`StopRule.within`, data/greedy.py `context_cap`), as capture cuts it. A pass that commits several
+tokens is cut where plain greedy decoding would have stopped, so every arm's output equals the
+`ar` output token for token.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 import torch
 
 from data.errors import OilbirdError
+from data.greedy import context_cap
 from data.models import LayerTap, LoadedModel, cache_kwargs
 from data.schema import TOPK
 from decoder.draft import Draft, Drafter, VerifyResult
@@ -52,6 +55,12 @@ class StopRule:
         if len(output) >= self.max_new_tokens:
             return "length"
         return None
+
+    def within(self, context: int | None, prompt_len: int) -> "StopRule":
+        """This rule for one request: its cap cut where the model's context ends (prompt + output <=
+        context, data/greedy.py `context_cap`), so every arm stops where the captured trace did."""
+        cap = context_cap(self.max_new_tokens, prompt_len, context)
+        return self if cap == self.max_new_tokens else replace(self, max_new_tokens=cap)
 
     def commit(self, output: list[int], new: Sequence[int]) -> tuple[int, str | None]:
         """Append `new` to `output` one token at a time up to the first stop; (tokens kept, reason)."""
@@ -125,6 +134,7 @@ def verify_tree(model: torch.nn.Module, cache, past_len: int, anchor: int, token
 def decode_greedy(lm: LoadedModel, prompt: Sequence[int], stop: StopRule) -> Generation:
     """Plain greedy decoding, one forward per token: the `ar` arm and the losslessness reference."""
     t_start = time.perf_counter()
+    stop = stop.within(lm.context, len(prompt))
     cache = _new_cache()
     prefill(lm.model, cache, prompt)
     prefill_s = time.perf_counter() - t_start
@@ -164,6 +174,7 @@ class ModelVerifier:
         self.cache = _new_cache()
         prefill(self.lm.model, self.cache, prompt)
         self.tap.output = None  # the prefill's states are not needed
+        self.request_stop = self.stop.within(self.lm.context, len(prompt))
         self.stop_reason = None
         self.output: list[int] = []
         self.states: list[np.ndarray] = []  # states[i] = state with output[i] as input (one behind the output)
@@ -186,7 +197,7 @@ class ModelVerifier:
         self.states.extend(fwd.hidden[rows[1:]])
         self.tops.extend(fwd.topk[rows[1:]])
         new = [draft.tokens[i] for i in accepted] + [bonus]
-        kept, self.stop_reason = self.stop.commit(self.output, new)
+        kept, self.stop_reason = self.request_stop.commit(self.output, new)
         self.chosen_ids.extend(fwd.topk[rows[:kept]])  # row j chose new[j]
         self.chosen_logits.extend(fwd.topk_logits[rows[:kept]])
         self._past_len, self._rows = past_len, rows

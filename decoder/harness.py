@@ -76,7 +76,8 @@ from data.budget import check_budget
 from data.capture import library_versions
 from data.errors import OilbirdError
 from data.files import atomic_write_json, atomic_write_table
-from data.layout import decode_dir
+from data.greedy import context_cap, context_note
+from data.layout import component, decode_dir
 from data.stateindex import DEFAULT_INDEX
 from data.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
 from data.schema import prompt_hash
@@ -223,6 +224,8 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
 
     def decode(r: int, drafter: Drafter | None) -> Generation:
         if static is not None:
+            # generate stops by StaticGreedy's rule: this request's, cut at the context as ar's is
+            static.stop = stop.within(lm.context, len(prompts[r]))
             return static.decode(prompts[r])
         if drafter is None:
             return decode_greedy(lm, prompts[r], stop)
@@ -404,6 +407,21 @@ class Serving:
     out_dir: Path
 
 
+def check_context(lm: LoadedModel, requests, prompts: list[list[int]], max_new: int) -> None:
+    """A prompt longer than the model's context is refused (capture's rule: data/capture.py fit_prompts);
+    a cap that runs past it is cut per request (decoder/engine.py StopRule.within), said in one note."""
+    ctx = lm.context
+    if not ctx:
+        return
+    for req, p in zip(requests, prompts):
+        if len(p) > ctx:
+            raise OilbirdError(f"request {req.id}: the prompt is {len(p)} tokens, longer than the model's context "
+                               f"of {ctx} positions")
+    cut = sum(context_cap(max_new, len(p), ctx) < max_new for p in prompts)
+    if cut:
+        print(context_note(cut, max_new, ctx), file=sys.stderr)
+
+
 def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
                     extra_arms: dict[str, ArmFactory] | None) -> tuple[Serving, LoadedModel]:
     """Check the config and resolve the arms (bad input fails here, before the model loads), load the model
@@ -437,6 +455,7 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
     prompts = [encode_prompt(lm, r.messages) for r in requests]
     if any(not p for p in prompts):
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
+    check_context(lm, requests, prompts, max_new)
     warm_up(lm, prompts[0])
     static = None
     if STATIC_ARM in arms:  # built and warmed (compiled) once, before any timing
@@ -507,7 +526,7 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         summary.update({"rounds_identical": not differ[name], "round_mismatches": differ[name]})
         if name == STATIC_ARM:
             summary.update(sv.static.summary())
-        write_folder(sv.out_dir / name, {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
+        write_folder(sv.out_dir / component(name, "arm"), {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                          "requests.parquet": requests_table(run, sv.requests, sv.prompts),
                                          "summary.json": summary})
         summaries[name] = summary

@@ -26,7 +26,10 @@ column gets one drafter per tenant, so no request drafts from another tenant's t
 
 Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; with several --nodes
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
-summary.json (see docs/replay.md).
+summary.json (see docs/replay.md). Every summary records `store_fingerprint` (the store it was computed on:
+`replay_is_current` and the reports compare it with the store's current one, data/store.py
+`current_fingerprint`), `store_verified` (false on a store without checksums) and `store_note` (the line
+saying so, printed under the table).
 """
 
 from __future__ import annotations
@@ -44,10 +47,10 @@ import numpy as np
 
 from data.budget import check_budget
 from data.errors import OilbirdError
-from data.layout import default_profile_path, model_slug, replay_dir, store_dir
+from data.layout import component, default_profile_path, model_slug, replay_dir, store_dir
 from data.stateindex import DEFAULT_INDEX, check_trainable
 from data.stats import RequestBootstrap
-from data.store import current_summary, open_store, store_fingerprint
+from data.store import current_summary, open_store
 from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM
@@ -57,6 +60,8 @@ from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_st
 # DECISION_ARMS (decoder/policy.py) is what `make census` replays: the key on and off, two lexical baselines.
 PAIRED = {ON_ARM: OFF_ARM}  # arm -> the arm its paired gain is measured against
 POOLS = ("past", "warm")
+UNVERIFIED_NOTE = ("replayed on an unverified trace store (no checksums in its meta.json, as in a store written "
+                   "before checksums existed), so its files could not be checked against what capture wrote")
 
 
 @dataclass
@@ -211,7 +216,7 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
     profile = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)
     for arm in resolve_arms(cfg.arms):
         for nodes in cfg.nodes:
-            folder = root / arm / ("" if len(cfg.nodes) == 1 else f"nodes-{nodes}")
+            folder = root / component(arm, "arm") / ("" if len(cfg.nodes) == 1 else f"nodes-{nodes}")
             s = current_summary(folder / "summary.json", store, nodes=nodes, pool=cfg.pool, limit=cfg.limit,
                                 bootstrap_draws=cfg.bootstrap, seed=cfg.seed, index=cfg.index)
             if s is None or (cfg.max_new_tokens and s.get("max_new_tokens") != cfg.max_new_tokens):
@@ -280,6 +285,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
+    # what makes these results stale when the store changes (reports, --if-missing), and whether its files were checked
+    fingerprint, verified = store.fingerprint, bool(store.verified)
     if not traces or not any(tr.tokens for tr in traces):
         raise OilbirdError(f"trace store {path} holds no generated tokens to replay")
     del store
@@ -293,7 +300,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
         "kind": "replay", "bench": cfg.bench, "model": meta["model"], "model_fingerprint": meta["model_fingerprint"],
-        "store": str(path), "store_fingerprint": store_fingerprint(meta), "pool": cfg.pool, "limit": cfg.limit,
+        "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified,
+        "store_note": None if verified else UNVERIFIED_NOTE, "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
         "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -432,7 +440,7 @@ def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> 
             prefix = "" if len(cfg.nodes) == 1 else f"nodes-{nodes}/"
             files[prefix + "summary.json"] = summaries[(arm, nodes)]
             files[prefix + "cycles.parquet"] = cycles_table(runs[(arm, nodes)].cycles)
-        write_folder(root / arm, files)
+        write_folder(root / component(arm, "arm"), files)
 
 
 def replay_main(argv: list[str] | None = None) -> int:
@@ -467,7 +475,7 @@ def replay_main(argv: list[str] | None = None) -> int:
         p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)
         p.add_argument("--store-budget", default=None, metavar="B",
                        help="bound the past pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest "
-                            "traces leave when a join exceeds it, down to 7/8 of it (default: unbounded)")
+                            "traces leave when a join exceeds it, down to 7/8 of it (default: unbounded; 0 is refused, all = unbounded)")
         p.add_argument("--index-train", type=int, default=0, metavar="N",
                        help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
         p.add_argument("--if-missing", action="store_true",

@@ -73,6 +73,6 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
         lines.append(f"rule: {v.rule}")
         if on.get("by_depth") and off.get("by_depth"):
             lines.append(format_depth_table(on, off))
-    notes = {s.get("estimate_note") for s in summaries.values() if s.get("estimate_note")}
+    notes = {n for s in summaries.values() for n in (s.get("estimate_note"), s.get("store_note")) if n}
     lines += [f"note: {n}" for n in sorted(notes)]
     return "\n".join(lines)

@@ -27,6 +27,8 @@ What runs, per engine step (vLLM calls `propose` after committing the step's tok
      with `@chain=k` predicts it.
 The arms are the replay's names (`oilbird`, `oilbird-no-semantic`, variants `oilbird@field=value`); an arm
 whose drafter keeps per-request state without `suspend_request` is refused.
+With OILBIRD_VLLM_STORE=<folder> (the one flag) every finished request is also written to a trace store
+there (data/served_store.py), and a proposer that starts on an existing one pools its traces first.
 Counters (the drafter's, and the proposer's: steps, rows, requests, drafting seconds) go to the JSON file
 OILBIRD_VLLM_STATS names (after every finished request, atomically); log lines to OILBIRD_VLLM_LOG, never
 stdout (the engine's child process owns it).
@@ -113,6 +115,19 @@ class OilbirdProposer(RequestRecorder):
                                     shared=PoolSettings(index=s.index, knn_recall_every=0).shared())
         self.counts["pooled_tokens"] = 0
         self._log(f"oilbird proposer: arm {s.arm}, chain k={self.k}, tree nodes {s.nodes}, index {s.index}")
+
+    def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
+        """The recorder's taps (and the served store, when OILBIRD_VLLM_STORE is set); an existing served
+        store's traces enter the pool first, so a restarted server drafts from what it served before."""
+        super().load_model(model, *args, **kwargs)
+        if self.store is not None:
+            from data.served_store import warm_traces
+
+            warm = warm_traces(self.store.path, self.store.writer.meta["model_fingerprint"])
+            for prompt, output, hidden in warm:
+                self.drafter.add_trace(output, prompt_hash(prompt), hidden)
+                self.counts["pooled_tokens"] += len(output)
+            self._log(f"oilbird proposer: {len(warm)} traces of the served store {self.store.path} pooled")
 
     def draft(self, req: RowRequest, rows, sampled: Sequence[int], room: int) -> list[int]:
         """Resume the request, observe the verification of its last chain, propose the next, suspend it."""

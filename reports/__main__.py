@@ -25,6 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
+    from data.layout import check_writable
     from reports.render import render_site, write_site
     from reports.results import find_results
 
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     if not results:
         raise OilbirdError(f"no census or decoder results under {args.runs}/: run `make census BENCH=apibank` "
                            "(or `python -m census` / `python -m decoder`) first")
+    check_writable(args.out)  # before rendering: a file, /proc or an immutable folder is one line, not a traceback
     pages = render_site(results, progress=not args.quiet)
     write_site(Path(args.out), pages)
     print(f"wrote {len(pages)} pages to {args.out}/: open {Path(args.out) / 'index.html'}")

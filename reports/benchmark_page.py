@@ -12,6 +12,7 @@ from reports.case_viewer import TokenText
 from reports.census_sections import (cases_section, cliff_section, coverage_section, headline, mechanism_section,
                                      notes_section, novel_section, proportions_table, threshold_section)
 from reports.decision import decide, decision_section
+from reports.freshness import freshness_callout, shown_results
 from reports.htmlkit import esc, finite, href, not_available, number, page, pct, section, table
 from reports.links import bench_name, evidence_name, has_evidence
 from reports.results import Census, Result
@@ -109,7 +110,10 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
                      "ablations</a>")
     parts = [f"<h1>{esc(title)}</h1>",
              f'<p class="sub">Results from <code>{esc(result.bench)}/{esc(result.model)}/</code>. '
-             + " ".join(links) + "</p>"]
+             + " ".join(links) + "</p>",
+             # before any number: which of the results below no longer describe the store (or were never checked)
+             freshness_callout(result, shown_results(result, census, replay=main_page, warm=main_page,
+                                                     vllm=main_page))]
     if census is None:
         parts.append(decision_section(result))
         parts.append(section("census", "Census", not_available(

@@ -16,6 +16,7 @@ from decoder.verdict import Verdict, verdict
 from reports import charts
 from reports.arms import (BASIS_TEXT, as_dict, est_speedup, estimate, exact_notes, fastest_arm, live_speedup, named,
                           nodes_table, replay_table, share_arms, share_text, speed_text, tau_of, warm_table)
+from reports.freshness import is_stale, is_unverified, recompute_command
 from reports.htmlkit import esc, finite, gain_text, href, not_available, number, section, with_iv
 from reports.links import evidence_name, has_evidence, replay_command
 from reports.results import Arm, Result
@@ -188,6 +189,21 @@ def arms_block(result: Result, d: Decision | None) -> list[str]:
     return parts
 
 
+def decision_flags(result: Result, d: Decision) -> list[str]:
+    """A line above the verdict when the replay it reads was computed on the store before it changed, or on
+    a store without checksums (reports/freshness.py; the page's callout lists every such result)."""
+    read = [a for a in (d.arm, d.off) if a is not None]
+    out = []
+    if any(is_stale(a.summary, result) for a in read):
+        out.append('<p class="callout stale"><strong>Stale verdict:</strong> '
+                   + esc(f"the replay it reads was computed on the trace store before the store changed; "
+                         f"`{recompute_command(result)}` recomputes it.") + "</p>")
+    if any(is_unverified(a.summary) for a in read):
+        out.append('<p class="callout stale"><strong>Unverified store:</strong> '
+                   + esc("the replay this verdict reads ran on a trace store without checksums.") + "</p>")
+    return out
+
+
 def decision_section(result: Result) -> str:
     """The decision block: the verdict with its rule and numbers, read from the replay (else the live decoder)."""
     sid, title = "decision", "Decision: enable the semantic source?"
@@ -198,7 +214,7 @@ def decision_section(result: Result) -> str:
             "the trace store)"))
     d = decide(result)
     if d is not None and d.source == "replay":
-        parts = replay_verdict(result, d)
+        parts = [*decision_flags(result, d), *replay_verdict(result, d)]
     elif d is not None:
         parts = live_verdict(result, d)
     else:

@@ -15,12 +15,13 @@ from decoder.policy import LEXICAL_ARMS, OFF_ARM, ON_ARM, TARGET_RULE
 from reports import charts
 from reports.arms import as_dict, exact_notes, exact_text, interval_ends, named, replay_table, share_text, tau_iv
 from reports.decision import shares_paragraph
+from reports.freshness import freshness_callout, shown_results
 from reports.htmlkit import esc, finite, gain_text, href, humanize, not_available, number, page, section, table
 from reports.links import ablations_command, bench_name, page_name, replay_command
 from reports.results import ABLATIONS_COMMAND, SEMANTIC_SOURCE, Ablations, Arm, Result
 from reports.target import comparison, target, target_text
 
-LADDER_RUNGS = ("base", "+pool", "+key")
+LADDER_RUNGS = ("base", "+pool", "+key", "+key added")  # +key: the pool's exact key replaced; added: beside it
 
 
 def ablation_caveats(abl: Ablations) -> str:
@@ -67,10 +68,13 @@ def ablations_section(result: Result) -> str:
                                       *interval_ends(plotted), groups)
     ladder = ""
     if abl.ladder:
-        lrows = [[esc(d)] + [tau_iv(rungs[i] if i < len(rungs) else None) for i in range(3)]
+        n = min(len(LADDER_RUNGS), max(len(rungs) for _, rungs in abl.ladder))  # an older file has 3 rungs
+        lrows = [[esc(d)] + [tau_iv(rungs[i] if i < len(rungs) else None) for i in range(n)]
                  for d, rungs in abl.ladder]
-        ladder = table(["drafter", *LADDER_RUNGS], lrows, {1, 2, 3},
-                       caption="The transplant ladder: each drafter alone, with the pool, with the semantic key; "
+        ladder = table(["drafter", *LADDER_RUNGS[:n]], lrows, set(range(1, 1 + n)),
+                       caption="The transplant ladder: each drafter alone, with the pool under its own exact key, "
+                               "with that key replaced by the semantic key (same pool, same node budget), and with "
+                               "the semantic key added beside the exact one (asked only where the host matched); "
                                "tau [95% interval].")
     missing = ("<h3>Not measured</h3><ul>" + "".join(f"<li>{esc(m)}</li>" for m in abl.missing) + "</ul>"
                if abl.missing else "")
@@ -212,6 +216,7 @@ def evidence_page(result: Result) -> str:
              f'<p class="sub">Replay and ablation results from <code>{esc(result.bench)}/{esc(result.model)}/</code>'
              f' (strictly-past pool). <a href="{href(page_name(result))}">Main report</a> (census, decision, live '
              "decoder).</p>",
+             freshness_callout(result, shown_results(result, replay=True, warm=False, vllm=False)),
              comparison_section(result), sources_section(result), depth_section(result), ablations_section(result)]
     if result.replay:
         notes: list[str] = []

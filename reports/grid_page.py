@@ -15,6 +15,7 @@ from reports import charts
 from reports.arms import BASIS_TEXT, named, tau_of
 from reports.census_sections import entry_value
 from reports.decision import Decision, decide, verdict_cell
+from reports.freshness import row_flags, shown_results
 from reports.htmlkit import esc, finite, gain_text, href, interval, na, number, page, table, with_iv
 from reports.links import bench_name, evidence_link, page_name
 from reports.results import Result
@@ -173,7 +174,9 @@ def grid_page(results: list[Result]) -> str:
              f"strictly-past pool; {ON_ARM} ÷ best lexical: against the {TARGET_RATIO:g}× target (paired "
              "interval where the ablations ran). Requests: the captured ones, \"of\" the benchmark's total when "
              f"the capture was limited. Our runs only: {esc(PAPER_LABEL)} numbers are in their own table below "
-             "each.</p>"]
+             "each. A benchmark marked <em>stale</em> has results computed on its trace store before the store "
+             "changed (the requests column is the store's count now); <em>unverified</em>, on a store without "
+             "checksums (hover for which).</p>"]
     for model in models:
         rows_r = sorted((r for r in results if r.model_name == model), key=grid_order)
         with_census = [r for r in rows_r if r.census]
@@ -182,7 +185,8 @@ def grid_page(results: list[Result]) -> str:
             d = decide(r)
             pool = f" (pool {r.census.pool})" if r.census and r.census.pool != "past" else ""
             links = " · ".join(x for x in (f'<a href="{href(page_name(r))}">report</a>', evidence_link(r)) if x)
-            rows.append([f'<a href="{href(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}',
+            flags = row_flags(r, shown_results(r, r.census, replay=True, warm=False, vllm=False))
+            rows.append([f'<a href="{href(page_name(r))}">{esc(bench_name(r, r.census))}</a>{esc(pool)}{flags}',
                          requests_cell(r), number(r.census.summary.get("positions")) if r.census else na("no census"),
                          census_cell(r, "available"), census_cell(r, "gap"), census_cell(r, "recall"),
                          arm_tau_cell(r, "suffix"), arm_tau_cell(r, "lexical"), arm_tau_cell(r, ON_ARM),

@@ -31,6 +31,9 @@ h3{font-size:1rem;margin:1.2rem 0 .3rem}
 .callout.enable{border-left-color:#009E73;background:#eaf6f0}
 .callout.off{border-left-color:#D55E00;background:#fcefe9}
 .callout.neutral{border-left-color:#E69F00;background:#fdf5e6}
+.callout.stale{border-left-color:#CC79A7;background:#fbeef5}
+.flag{display:inline-block;font-size:.75rem;font-weight:600;color:#7a2855;background:#fbeef5;
+border:1px solid #CC79A7;border-radius:3px;padding:0 .3rem;margin-left:.2rem;white-space:nowrap}
 .scroll{overflow-x:auto}
 table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
 th,td{padding:.25rem .65rem;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}

@@ -7,6 +7,7 @@ from decoder.policy import ON_ARM
 from reports.arms import BASIS_TEXT, fastest_arm, named, tau_of
 from reports.census_sections import entry_value
 from reports.decision import Decision, decide, verdict_cell
+from reports.freshness import row_flags, shown_results
 from reports.htmlkit import esc, finite, href, interval, number, page, pct, table, with_iv
 from reports.links import bench_name, evidence_link, has_evidence, page_name
 from reports.results import Result
@@ -44,7 +45,8 @@ def index_page(results: list[Result]) -> str:
         links = [f'<a href="{href(page_name(r))}">report</a>'] + [
             f'<a href="{href(page_name(r, o))}">pool {esc(o.pool)}</a>' for o in r.censuses[1:]] + (
             [evidence_link(r)] if has_evidence(r) else [])
-        rows.append([esc(bench_name(r, c)), esc(r.model_name), number(s.get("positions")) if c else "–",
+        flags = row_flags(r, shown_results(r, c, replay=True, warm=False, vllm=False))  # what the row shows
+        rows.append([esc(bench_name(r, c)) + flags, esc(r.model_name), number(s.get("positions")) if c else "–",
                      _cell(s.get("available")) if c else "–", _cell(s.get("gap")) if c else "–",
                      _cell(s.get("recall")) if c else "–",
                      esc(", ".join(a.name for a in r.arms)) or "–",
@@ -54,7 +56,8 @@ def index_page(results: list[Result]) -> str:
             f'<p class="sub">{len(results)} result(s). <a href="grid.html">Cross-benchmark grid</a>. Percentages of '
             "generated positions (Recall: of gap positions); hover for intervals. Verdict: should the semantic draft "
             "source be enabled (decoder/verdict.py), read from the replay when it ran oilbird, else from the live "
-            "decoder; hover for its numbers.</p>"
+            "decoder; hover for its numbers. A result marked <em>stale</em> was computed on its trace store before the store "
+            "changed; <em>unverified</em>, on a store without checksums (hover for which).</p>"
             + table(["benchmark", "model", "positions", "Avail", "Gap", "Recall", "decoder arms", "best speedup",
                      "sole-source share", "tau oilbird (replay)", "verdict", "pages"], rows, {2, 3, 4, 5, 7, 8, 9}))
     return page("Oilbird gap reports", body)

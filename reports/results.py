@@ -1,7 +1,9 @@
 """Finding and reading the results under runs/ that the reports render.
 
 Layout read (written by the census and the decoder; only files are read, no code imported):
-  runs/<bench>/<model>/traces/meta.json            the store's meta (model name for the tokenizer)
+  runs/<bench>/<model>/traces/meta.json            the store's meta (model name for the tokenizer) and its
+                                                   fingerprint now (data/store.py current_fingerprint: a
+                                                   result that recorded another one is stale, reports/freshness.py)
   runs/<bench>/<model>/census/summary.json         census, strictly-past pool
   runs/<bench>/<model>/census/positions.parquet
   runs/<bench>/<model>/census-<pool>/...           census with another pool mode (e.g. warm)
@@ -38,6 +40,7 @@ import polars as pl
 
 from data.errors import OilbirdError
 from data.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
+from data.store import current_fingerprint
 
 # positions.parquet columns the pages use (docs/census.md); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",
@@ -91,6 +94,7 @@ class Result:
     ablations: "Ablations | None" = None  # ablations/ablations.json, None when the file does not exist
     vllm: dict | None = None  # vllm/summary.json (benchmarks/bench_vllm.py), None when absent or unreadable
     vllm_note: str | None = None  # set when vllm/summary.json exists but cannot be read: the page shows this line
+    store_fingerprint: str | None = None  # the store's fingerprint now (None: no store); reports/freshness.py
 
     @property
     def has_decoder(self) -> bool:
@@ -342,7 +346,7 @@ class Ablations:
     meta: dict = field(default_factory=dict)  # bench, model, pool, nodes, requests, seconds (those well formed)
     merged: dict | None = None
     ablations: list[dict] = field(default_factory=list)
-    ladder: list[tuple[str, list[dict | None]]] = field(default_factory=list)  # (drafter, [base, +pool, +key])
+    ladder: list[tuple[str, list[dict | None]]] = field(default_factory=list)  # (drafter, [base, +pool, +key, +key added])
     headline: list[dict] = field(default_factory=list)  # oilbird against each baseline arm (newer files)
     best_lexical: dict | None = None  # {arm, tau, oilbird_over_arm, oilbird_over_arm_interval} (newer files)
     target_met: bool | None = None  # the file's own verdict on the 1.25x target (newer files)
@@ -418,7 +422,7 @@ def read_ablations(path: Path) -> Ablations:
         if not isinstance(raw, dict) or not isinstance(raw.get("drafter"), str) or not isinstance(rungs, list):
             abl.dropped_rows += 1
             continue
-        abl.ladder.append((raw["drafter"], [_ablation_row(r, abl) for r in rungs[:3]]))
+        abl.ladder.append((raw["drafter"], [_ablation_row(r, abl) for r in rungs[:4]]))
     best = obj.get("best_lexical")
     if isinstance(best, dict) and isinstance(best.get("arm"), str) and best["arm"]:
         abl.best_lexical = _ablation_row(best, abl)
@@ -511,7 +515,9 @@ def load_result(folder: Path) -> Result | None:
             meta = read_json(meta_path)
         except OilbirdError:
             meta = None  # only the tokenizer needs it; the page says token ids are shown instead
-    result = Result(bench=folder.parent.name, model=folder.name, folder=folder, meta=meta)
+    # a result whose recorded store_fingerprint differs from this one is stale (reports/freshness.py)
+    now = current_fingerprint(folder / TRACES) if meta is not None else None
+    result = Result(bench=folder.parent.name, model=folder.name, folder=folder, meta=meta, store_fingerprint=now)
     census_dirs = sorted((p for p in folder.iterdir()
                           if p.is_dir() and census_pool(p.name) is not None),
                          key=lambda p: (census_pool(p.name) != "past", p.name))  # census/ (strictly past) first

@@ -582,13 +582,14 @@ NEAR = 0.85 * _basis(16, 4) + np.sqrt(1 - 0.85 ** 2) * _basis(16, 15)  # s = 0.8
 
 
 def test_one_source_picks_semantic_below_the_match_threshold():
-    """Match 3 < 5: the semantic draft alone, at the whole budget: exactly what semantic-only proposes."""
+    """Match 3 < 5: the semantic draft alone, at the whole budget: exactly what semantic-only proposes without
+    its root branching (the lexical draft's adjacency is the one-source arm's)."""
     d = _one_source_frame("oilbird-one-source", SHORT, NEAR)
     assert automaton_match(d.index, 32, 3, 32)[0] == 3
     draft = d.propose(SHORT, 60)
     assert draft.tokens == [36, 37, 38, 39] and draft.parents == [ROOT, 0, 1, 2]
     assert draft.sources == [{"semantic"}] * 4
-    ref = _one_source_frame("semantic-only", SHORT, NEAR)
+    ref = _one_source_frame("semantic-only@root_branching=0", SHORT, NEAR)
     assert _same_tree(draft, ref.propose(SHORT, 60))
     assert (d.tally["chose_semantic"], d.tally["chose_lexical"], d.tally["key_queries"]) == (1, 0, 1)
     assert sorted(d._bought) == [0, 1, 2, 3]  # self-calibration judges the key on the nodes it proposed
@@ -620,7 +621,7 @@ def test_one_source_threshold_is_a_variant_field(threshold, source):
 def test_one_source_exact_at_every_budget_and_fallbacks():
     for budget in range(0, 14):
         d = _one_source_frame("oilbird-one-source", SHORT, NEAR)
-        ref = _one_source_frame("semantic-only", SHORT, NEAR)
+        ref = _one_source_frame("semantic-only@root_branching=0", SHORT, NEAR)
         assert _same_tree(d.propose(SHORT, budget), ref.propose(SHORT, budget)), budget
         d = _one_source_frame("oilbird-one-source", LONG, _basis(16, 3))
         assert _same_tree(d.propose(LONG, budget), build_lexical(d.index, d.table, budget, LexicalConfig())), budget

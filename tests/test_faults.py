@@ -200,7 +200,7 @@ def test_store_from_before_checksums_resumes(stories, bench, whole, tmp_path):
     resumes under this code, which then records checksums."""
     path = Path(capture(_cfg(bench, tmp_path, limit=3), lm=stories))
     meta = json.loads((path / "meta.json").read_text())
-    for key in ("checksums", "n_requests", "runs", "prompt_hash_scheme", "truncate", "truncated", "limit"):
+    for key in ("checksums", "n_requests", "store_format", "runs", "prompt_hash_scheme", "truncate", "truncated", "limit"):
         meta.pop(key, None)
     meta.update(complete=False, seconds_total=1.5)
     (path / "meta.json").write_text(json.dumps(meta))
@@ -307,7 +307,7 @@ def test_changed_prompt_token_is_refused_and_flipped_bytes_too(store_copy, capsy
         open_store(store_copy)
     # a store written before checksums: the prompt hash still catches it
     meta = json.loads((store_copy / "meta.json").read_text())
-    legacy = {k: v for k, v in meta.items() if k not in ("checksums", "prompt_hash_scheme")}
+    legacy = {k: v for k, v in meta.items() if k not in ("checksums", "n_requests", "store_format", "prompt_hash_scheme")}
     (store_copy / "meta.json").write_text(json.dumps(legacy))
     with pytest.raises(OilbirdError, match=r"request 1 \(r1\) has prompt_hash .* but its prompt tokens hash to"):
         open_store(store_copy)

@@ -1163,7 +1163,7 @@ def test_ablations_section_states_the_numbers(tmp_path):
     assert rows["one source per step (SAM-Decoding's rule)"][1:] == [
         "oilbird-one-source", "7.90 [7.50–8.30]", "0.93× [0.91×–0.95×]", "2.00×", "4.00% [3.00–5.00%] (40 of 1,000)",
         "no"]
-    assert rows["drafter"] == ["drafter", "base", "+pool", "+key"]
+    assert rows["drafter"] == ["drafter", "base", "+pool", "+key"]  # the rungs the ablations hold (an older file: 3)
     assert rows["pld"] == ["pld", "4.36 [4.16–4.57]", "5.63 [5.37–5.88]", "5.76 [5.46–6.05]"]
     text = block_text(block)
     assert "Not measured" in text and "ring buffer <off>" in text

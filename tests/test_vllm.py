@@ -7,6 +7,7 @@ reused, batches compacted); each arm's tokens must equal vLLM's greedy decoding,
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -34,7 +35,7 @@ def _prompts() -> list[list[int]]:
     return prompts
 
 
-def _run(model: str, arm: str, tmp: Path, **kw) -> subprocess.CompletedProcess:
+def _run(model: str, arm: str, tmp: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
     prompts = tmp / "prompts.json"
     if not prompts.exists():
         prompts.write_text(json.dumps(_prompts()))
@@ -43,18 +44,63 @@ def _run(model: str, arm: str, tmp: Path, **kw) -> subprocess.CompletedProcess:
             "--max-new", str(kw.pop("max_new", 40))]
     for key, v in kw.items():
         args += [f"--{key.replace('_', '-')}", str(v)]
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=None if env is None else {**os.environ, **env})
+
+
+STORE_ARMS = ("oilbird", "oilbird-no-semantic")  # served with OILBIRD_VLLM_STORE: the first writes, the second warms
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama64, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
-    out = {}
+    out = {"_tmp": tmp}
     for arm in ARMS:
-        r = _run(tiny_llama64, arm, tmp)
+        env = None
+        if arm in STORE_ARMS:
+            env = {"OILBIRD_VLLM_STORE": str(tmp / "store"), "OILBIRD_VLLM_STORE_FLUSH": "2",
+                   "OILBIRD_VLLM_LOG": str(tmp / f"{arm}.log")}
+        r = _run(tiny_llama64, arm, tmp, env)
         assert r.returncode == 0, f"{arm}: {r.stderr[-3000:]}"
         out[arm] = json.loads((tmp / f"{arm}.json").read_text())
+        if arm in STORE_ARMS:
+            out[arm]["_store_meta"] = json.loads((tmp / "store" / "meta.json").read_text())
     return out
+
+
+def test_serving_writes_the_store(served):
+    """OILBIRD_VLLM_STORE: served requests land in a store that verifies and loads like a capture's, each one
+    a request the engine served with the tokens it returned; a second server on the same store pools its
+    traces first and appends under new ids."""
+    from data.store import open_store
+    from decoder.traces import load_traces
+
+    tmp = served["_tmp"]
+    first, second = (served[a]["_store_meta"] for a in STORE_ARMS)
+    assert first["engine"] == "vllm-serving" and first["complete"] and first["n_requests"] >= 4
+    assert second["n_requests"] > first["n_requests"]
+    v = subprocess.run([sys.executable, "-m", "data", "verify", str(tmp / "store")], cwd=ROOT, capture_output=True,
+                       text=True)
+    assert v.returncode == 0 and "OK" in v.stdout + v.stderr, v.stderr
+    store = open_store(tmp / "store")
+    traces = load_traces(store, None, None)
+    prompts = _prompts()
+    outputs = served["oilbird"]["outputs"]
+    matched = 0
+    for r, t in enumerate(traces):
+        if t.prompt in prompts:  # (the warm-up request is served and stored too)
+            out = outputs[prompts.index(t.prompt)]
+            # the tokens the engine generated: what vLLM returned, and at most the last step's accepted drafts
+            # past max_tokens (the front end cuts them; they are greedy tokens all the same)
+            assert t.tokens[:len(out)] == out and len(t.tokens) - len(out) <= 4
+            matched += 1
+            valid = store.hidden_valid[store.offsets[r]:store.offsets[r + 1]]
+            assert valid[:-1].all() and not valid[-1]  # every fed token has its state; the last is never fed
+    assert matched >= 4
+    ids = store.requests["id"].to_list()
+    assert len(set(ids)) == len(ids)
+    log = (tmp / "oilbird-no-semantic.log").read_text()
+    assert f"{first['n_requests']} traces of the served store" in log
 
 
 @pytest.mark.parametrize("arm", ARMS[1:])
@@ -187,8 +233,12 @@ def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64
     assert meta["engine"] == "vllm" and meta["complete"] and meta["n_requests"] == 12
     v = subprocess.run([sys.executable, "-m", "data", "verify", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert v.returncode == 0 and "OK" in v.stdout + v.stderr, v.stderr
-    r2 = _capture(tiny_llama64, bench, harness, "harness")
+    r2 = _capture(tiny_llama64, bench, harness, "harness", "--agree-with", str(path))
     assert r2.returncode == 0, r2.stderr[-3000:]
+    agree = json.loads((Path(r2.stdout.strip().splitlines()[-1]) / "meta.json").read_text())["agreement"]
+    assert (agree["with"], agree["with_engine"], agree["requests"], agree["identical"]) == (str(path), "vllm", 12, 12)
+    assert agree["first_divergence"] is None and agree["state_cosine_min"] > 0.999 and agree["topk_agree"] > 0.9
+    assert "12 of 12 common requests identical" in r2.stderr
     a = load_traces(open_store(path), None, None)
     b = load_traces(open_store(Path(r2.stdout.strip().splitlines()[-1])), None, None)
     assert [t.tokens for t in a] == [t.tokens for t in b] and sum(len(t.tokens) for t in a) > 12 * 5

@@ -32,6 +32,8 @@ from decoder.drafters.pld import PldDrafter
 from decoder.drafters.recycling import RecyclingDrafter
 from decoder.drafters.sam import SamDrafter
 from decoder.drafters.suffix import SuffixDrafter
+from decoder.drafters.suffix_arctic import ARCTIC_PRESETS, SuffixArcticDrafter
+from decoder.drafters.toolspec import TOOLSPEC_PRESETS, ToolSpecDrafter
 
 
 @dataclasses.dataclass
@@ -60,10 +62,14 @@ DRAFTERS = {
     "recycling": RecyclingDrafter,
     "lexical": LexicalDrafter,
     "oilbird": OilbirdDrafter,
+    "suffix-arctic": SuffixArcticDrafter,
+    "toolspec": ToolSpecDrafter,
 }
 
-# arm name -> (drafter in DRAFTERS, Config options): the Oilbird ablations
+# arm name -> (drafter in DRAFTERS, Config options): the Oilbird ablations, then the other drafters' presets
 PRESETS = {name: ("oilbird", options) for name, options in ARM_PRESETS.items() if name not in DRAFTERS}
+PRESETS.update({name: ("suffix-arctic", options) for name, options in ARCTIC_PRESETS.items()})
+PRESETS.update({name: ("toolspec", options) for name, options in TOOLSPEC_PRESETS.items()})
 
 
 def arm_names() -> list[str]:
@@ -138,7 +144,7 @@ def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, shared: dict | 
                            f"options: {', '.join(sorted(fields)) or 'none'}")
     try:
         drafter = cls(vocab_size=vocab_size, nodes=nodes, config=cls.Config(**{**preset, **options}))
-    except ValueError as e:  # a setting the drafter refuses (e.g. oilbird@host=none:one_source=on): one line
+    except (ValueError, RuntimeError) as e:  # a setting the drafter (or torch, e.g. key_device) refuses: one line
         raise OilbirdError(f"drafter {name!r}: {e}") from None
     if base != name:
         drafter.name = name

@@ -31,8 +31,10 @@ key over the pool of finished traces: the +pool rungs).
 Arms (presets of this one drafter, `ARM_PRESETS`):
   oilbird                the method as above
   oilbird-no-semantic    the key never queried; everything else equal (branches and rollouts keep B_ret)
-  semantic-only          no lexical sources, no gate: key chains and rollouts from the root, whole budget
-  semantic-null          semantic-only with the key retrieving nothing (its null control)
+  semantic-only          no lexical sources, no gate: key chains, rollouts and root branching (the anchor's
+                         top-8 adjacency successors, one-token branches, label "root") from the root, whole budget
+  semantic-null          semantic-only with the key retrieving nothing (its null control): rollouts and root
+                         branching only; `@root_branching=0` shows what root branching alone does
   oilbird-root-attached  retrieved chains (key, rollouts) hung from the root as their own branches,
                          paying for every token, instead of merged into the tree
   oilbird-request-key    one key query per request (the request's first state against each trace's
@@ -45,8 +47,18 @@ Arms (presets of this one drafter, `ARM_PRESETS`):
                          n-gram (n <= 3), up to B_ret tokens (`pld.PoolNgramIndex`)
   recycling+pool         Token Recycling as the host, and in B_ret the pool's chain under its own key
                          (the anchor token): what followed its most recent pool occurrence, up to B_ret
-  pld+key                prompt lookup as the host, the key in B_ret of the same budget
-  recycling+key          Token Recycling as the host, the key in B_ret of the same budget
+  pld+key                prompt lookup as the host, the key in B_ret of the same budget, asked on every pass:
+                         +pool's exact key over the pool replaced by the semantic key (the paper's rung)
+  recycling+key          Token Recycling as the host, likewise
+  pld+key-added          pld+key with the gate: the key asked only where prompt lookup's own exact match
+                         (or the anchor's adjacency, for recycling) opens it: the key added beside the
+                         exact one, the rung before issue 24
+  recycling+key-added    likewise for Token Recycling
+  toolspec+pool, toolspec+key, toolspec+key-added
+                         the same rungs on the ToolSpec host (decoder/drafters/toolspec.py: schema FSM, the
+                         request's n-grams, Token Recycling's fallback); its exact key over the pool is its
+                         n-gram phase's: the context's longest suffix n-gram of 7 down to 5 tokens, most
+                         recent pool occurrence (ToolSpec searches its retrieved outputs earliest first)
 
 One source per step (`one_source`, arm oilbird-one-source; the paper's "one source chosen per step
 instead of merged (SAM-Decoding's mechanism)"). SAM-Decoding (Hu et al., ACL 2025) drafts from its
@@ -54,7 +66,8 @@ suffix automaton when the longest suffix match is at least `len_threshold` token
 from an auxiliary drafter (Token Recycling or EAGLE-2). Here the automaton draft is the lexical host's
 tree at the WHOLE budget (spine, branches, adjacency: what the gate proposes when closed) and the
 auxiliary is the semantic draft at the whole budget (the key's chains, then the rollouts, from the root:
-what semantic-only proposes). Per step, once the gate is open: the lexical draft when the spine's match
+what semantic-only proposes, less its root branching, which the lexical draft's adjacency already has). Per
+step, once the gate is open: the lexical draft when the spine's match
 length (`automaton_match`: the longer of the request's and the pool's match) is at least
 `one_source_min_match` (default 5, SAM-Decoding's evaluation default `--samd_len_threshold 5`; its pool
 side gets no length bias, as the lexical host's spine has none), else the semantic draft; the key is
@@ -64,12 +77,14 @@ SAM-Decoding's auxiliary always drafts, so its rule never meets that case. The g
 (closed: the lexical draft alone, i.e. adjacency only when there is no match: Token Recycling, SAM-
 Decoding's auxiliary). Never merged: every proposed tree is one source's draft, with its own labels.
 
-The transplant ladder, per published host: base (`pld`, `recycling`: the drafter alone), +pool (the
+The transplant ladder, per published host: base (`pld`, `recycling`, `toolspec`: the drafter alone), +pool (the
 same host handed the cross-request pool under its own exact key) and +key (that key replaced by the
 semantic key at the same 60-node budget and B_ret = 16). +pool and +key share the host, the budget
 split, the merge (`merge_candidates`) and the same-prompt exclusion; they differ in what fills B_ret.
 The gate opens on the exact-key sources, as for the lexical host (whose automaton spans the request
-and the pool): for +pool the host's key over the request or over the pool; for +key the host alone.
+and the pool): for +pool the host's key over the request or over the pool. +key has no gate: the key
+replaces the pool's exact key, so it is asked wherever +pool's exact key would have been (every pass);
++key-added keeps the gate on the host's own match (the key beside the exact one).
 """
 
 from __future__ import annotations
@@ -88,11 +103,13 @@ from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_match
 from decoder.drafters.keygate import RequestPatience, SelfCalibration
+from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
 from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SemanticPool, copy_depth,
                                        ngram_continuation, rejected_records, semantic_chains)
 
-SEMANTIC, ROLLOUT, POOL = "semantic", "rollout", "pool"
-HOSTS = ("lexical", "pld", "recycling", "none")
+SEMANTIC, ROLLOUT, POOL, ROOT_BRANCH = "semantic", "rollout", "pool", "root"
+HOSTS = ("lexical", "pld", "recycling", "toolspec", "none")
+TOOLSPEC_POOL_NGRAMS = (5, 7)  # toolspec+pool: ToolSpec's own exact key, its n-gram phase's n = 7 down to 5
 KEY_LEVELS = ("position", "request", "null")
 
 Chain = list[int]
@@ -100,7 +117,7 @@ Chain = list[int]
 
 @dataclass
 class OilbirdConfig:
-    host: str = "lexical"  # lexical | pld | recycling | none (semantic-only: no lexical source, no gate)
+    host: str = "lexical"  # lexical | pld | recycling | toolspec | none (semantic-only: no lexical source, no gate)
     retrieval_budget: int = 16  # B_ret: nodes reserved for the retrieved chains (key, branches, rollouts)
     semantic: bool = True  # query the key (False = --no-semantic)
     key_level: str = "position"  # position (every pass) | request (once per request) | null (retrieve nothing)
@@ -117,9 +134,13 @@ class OilbirdConfig:
     branch_max: int = 32  # tokens per branch
     pld_max_ngram: int = 3  # pld host
     pld_max_copy: int = 10
+    toolspec_tokenizer: str = "auto"  # toolspec host: the tokenizer its schema is read with (decoder/drafters/toolspec.py)
     host_pool: bool = False  # +pool rung (hosts pld / recycling): B_ret also takes the pool's chain under the
     #                          host's own exact key (pld: suffix n-gram <= pld_max_ngram; recycling: the anchor)
     rollouts: int = 4  # rejected-branch rollouts per pass (0 = ring buffer off)
+    root_branching: int = 0  # host none: the anchor's first N adjacency successors (the model's top-8 after that
+    #                          token, last time it was verified) declared as one-token root branches, after the key
+    #                          chains and the rollouts (the paper's semantic-only arm: "root branching declared")
     rollout_depth: int = 6  # tokens of endorsed continuation per rejected node
     rollout_theta: float = 0.8  # cos(h_t, the record's state) needed
     ring_size: int = 1024  # rejected-branch records kept
@@ -145,8 +166,9 @@ class OilbirdConfig:
 ARM_PRESETS: dict[str, dict] = {
     "oilbird": {},
     "oilbird-no-semantic": {"semantic": False},
-    "semantic-only": {"host": "none", "key_patience": 0},  # the key is the only source: never quiet
-    "semantic-null": {"host": "none", "key_level": "null", "key_patience": 0},
+    # the key is the only retrieval source (never quiet); root branching declared, as the paper's arm
+    "semantic-only": {"host": "none", "key_patience": 0, "root_branching": 8},
+    "semantic-null": {"host": "none", "key_level": "null", "key_patience": 0, "root_branching": 8},
     "oilbird-root-attached": {"attach": "root"},
     "oilbird-request-key": {"key_level": "request", "rank_depths": RANK_DEPTHS},
     "oilbird-fixed-depth": {"rank_depths": RANK_DEPTHS},
@@ -154,8 +176,18 @@ ARM_PRESETS: dict[str, dict] = {
     "pld+pool": {"host": "pld", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0, "key_patience": 0},
     "recycling+pool": {"host": "recycling", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0,
                        "key_patience": 0},
-    "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0, "key_patience": 0},  # the rung: the key always asked
-    "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0, "key_patience": 0},
+    # the +key rung (the paper's): the pool's exact key REPLACED by the semantic key, so the key is asked on every
+    # pass (no gate: nothing exact over the pool is left to open one); the host drafts as at base
+    "pld+key": {"host": "pld", "branch_top": 0, "rollouts": 0, "key_patience": 0, "gate": False},
+    "recycling+key": {"host": "recycling", "branch_top": 0, "rollouts": 0, "key_patience": 0, "gate": False},
+    # the key ADDED beside the host's exact key: asked only where the host's own exact match opens the gate
+    "pld+key-added": {"host": "pld", "branch_top": 0, "rollouts": 0, "key_patience": 0},
+    "recycling+key-added": {"host": "recycling", "branch_top": 0, "rollouts": 0, "key_patience": 0},
+    # the ToolSpec host (decoder/drafters/toolspec.py; its base rung is the `toolspec` arm)
+    "toolspec+pool": {"host": "toolspec", "semantic": False, "host_pool": True, "branch_top": 0, "rollouts": 0,
+                      "key_patience": 0},
+    "toolspec+key": {"host": "toolspec", "branch_top": 0, "rollouts": 0, "key_patience": 0, "gate": False},
+    "toolspec+key-added": {"host": "toolspec", "branch_top": 0, "rollouts": 0, "key_patience": 0},
 }
 
 
@@ -207,8 +239,8 @@ class OilbirdDrafter(Drafter):
             raise ValueError(f"key_level must be one of {', '.join(KEY_LEVELS)} (got {c.key_level!r})")
         if c.attach not in ("merge", "root"):
             raise ValueError(f"attach must be merge or root (got {c.attach!r})")
-        if c.host_pool and c.host not in ("pld", "recycling"):
-            raise ValueError(f"host_pool needs host pld or recycling (got {c.host!r})")
+        if c.host_pool and c.host not in ("pld", "recycling", "toolspec"):
+            raise ValueError(f"host_pool needs host pld, recycling or toolspec (got {c.host!r})")
         if c.one_source and c.host != "lexical":  # the rule reads the automaton's match length
             raise ValueError(f"one_source needs host lexical (got {c.host!r})")
         if c.chain < 0:
@@ -216,10 +248,16 @@ class OilbirdDrafter(Drafter):
         if c.one_source_min_match < 0:
             raise ValueError(f"one_source_min_match must be 0 or more (got {c.one_source_min_match})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
-        self.table = AdjacencyTable(vocab_size) if c.host in ("lexical", "recycling") else None
+        self.table = (AdjacencyTable(vocab_size) if c.host in ("lexical", "recycling") or c.root_branching > 0
+                      else None)
         self.ngrams = NgramIndex(c.pld_max_ngram) if c.host == "pld" else None
-        # the +pool rungs: the pool under the host's own key (pld: n-grams <= pld_max_ngram; recycling: 1-grams)
-        self.host_pool = (PoolNgramIndex(c.pld_max_ngram if c.host == "pld" else 1) if c.host_pool else None)
+        self.toolspec = (ToolSpecHost(vocab_size, ToolSpecConfig(tokenizer=c.toolspec_tokenizer), source="toolspec")
+                         if c.host == "toolspec" else None)
+        # the +pool rungs: the pool under the host's own key (pld: n-grams <= pld_max_ngram; recycling: 1-grams;
+        # toolspec: its n-gram phase's 7 down to 5)
+        pool_n = {"pld": (1, c.pld_max_ngram), "recycling": (1, 1), "toolspec": TOOLSPEC_POOL_NGRAMS}.get(c.host, (1, 1))
+        self.pool_min_n = pool_n[0]
+        self.host_pool = PoolNgramIndex(pool_n[1]) if c.host_pool else None
         self.pool = SemanticPool(c.index, c.knn_recall_every, c.index_train_size or None, c.key_device)
         self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
         self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
@@ -273,6 +311,8 @@ class OilbirdDrafter(Drafter):
         if self.ngrams is not None:
             self.ngrams = NgramIndex(self.config.pld_max_ngram)
             self.ngrams.sync(prompt)
+        if self.toolspec is not None:
+            self.toolspec.begin_request(prompt)
         self.pool.exclude(h)
         self.h_t = self._first_state = None
         self._selected = None
@@ -286,7 +326,8 @@ class OilbirdDrafter(Drafter):
         two of its passes; the pools, the adjacency table, the ring buffer and self-calibration are shared."""
         return {"fields": {f: getattr(self, f) for f in self.REQUEST_FIELDS},
                 "patience": (self.patience.since_hit, self.patience.quiet_for),
-                "index": self.index.suspend_request() if self.index is not None else None}
+                "index": self.index.suspend_request() if self.index is not None else None,
+                "toolspec": self.toolspec.suspend_request() if self.toolspec is not None else None}
 
     def resume_request(self, saved: dict) -> None:
         for f, v in saved["fields"].items():
@@ -294,6 +335,8 @@ class OilbirdDrafter(Drafter):
         self.patience.since_hit, self.patience.quiet_for = saved["patience"]
         if self.index is not None:
             self.index.resume_request(saved["index"])
+        if self.toolspec is not None:
+            self.toolspec.resume_request(saved["toolspec"])
         self.pool.exclude(self._prompt_hash)
 
     # ------------------------------------------------------------ one step
@@ -309,6 +352,8 @@ class OilbirdDrafter(Drafter):
             draft = Draft()
             draft.add_chain(chain[:budget], "pld", budget)
             return draft, bool(chain)
+        if c.host == "toolspec":
+            return self.toolspec.draft(context, budget)
         has_adjacency = 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
         if c.host == "recycling":
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
@@ -373,7 +418,7 @@ class OilbirdDrafter(Drafter):
             return []
         t0 = time.perf_counter()
         self.tally["host_pool_queries"] += 1
-        chain = self.host_pool.lookup(context, self.host_pool.max_ngram, max_copy, self._prompt_hash)
+        chain = self.host_pool.lookup(context, self.host_pool.max_ngram, max_copy, self._prompt_hash, self.pool_min_n)
         self.tally["host_pool_time_s"] += time.perf_counter() - t0
         self.tally["host_pool_chains"] += bool(chain)
         return chain
@@ -389,6 +434,14 @@ class OilbirdDrafter(Drafter):
         self.tally["rollout_time_s"] += time.perf_counter() - t0
         self.tally["rollout_chains"] += len(chains)
         return chains
+
+    def _root_branches(self, anchor: int) -> list[int]:
+        """Root branching (host none): the anchor's first `root_branching` adjacency successors."""
+        n = self.config.root_branching
+        if n <= 0 or self.config.host != "none" or not 0 <= anchor < self.vocab_size:
+            return []
+        row = self.table.table[anchor]
+        return [int(t) for t in row[:n] if t >= 0]
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         draft = self._propose_tree(context, budget)
@@ -427,6 +480,7 @@ class OilbirdDrafter(Drafter):
         if chains is not None:
             candidates += [(g, BRANCH) for g in chains[1]]
         candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
+        candidates += [([t], ROOT_BRANCH) for t in self._root_branches(int(context[-1]))]
         start = len(draft)
         self._merge(draft, candidates, cap)
         assert len(draft) - start <= reserve
@@ -451,7 +505,7 @@ class OilbirdDrafter(Drafter):
             self.tally["gated"] += 1
             return lexical
         if match < c.one_source_min_match:
-            semantic = Draft()  # what semantic-only proposes: key chains, then rollouts, from the root
+            semantic = Draft()  # semantic-only's draft less root branching: key chains, then rollouts, from the root
             candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
             candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
             self._merge(semantic, candidates, budget)
@@ -465,6 +519,8 @@ class OilbirdDrafter(Drafter):
         c = self.config
         if self.table is not None:
             self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
+        if self.toolspec is not None:
+            self.toolspec.observe(context, result)
         hit = bool(self._bought) and any(i in self._bought for i in result.accepted_nodes)
         self.patience.record(hit)
         if self._bought:
@@ -476,9 +532,12 @@ class OilbirdDrafter(Drafter):
         if hidden is None:
             self.h_t = None
             return
-        self.h_t = np.array(hidden[1 + result.accepted_nodes[-1] if result.accepted_nodes else 0], np.float32)
+        # rounded to float16, as the pool keeps its states and the store keeps them: live serving and replay
+        # over the store then ask the key the same query (a similarity at a depth threshold otherwise differs)
+        self.h_t = np.array(hidden[1 + result.accepted_nodes[-1] if result.accepted_nodes else 0], np.float16
+                            ).astype(np.float32)
         if self._first_state is None:
-            self._first_state = np.array(hidden[0], np.float32)
+            self._first_state = np.array(hidden[0], np.float16).astype(np.float32)
         if c.rollouts > 0:
             owner = (self._prompt_hash, self._serial)
             for row, token, cont in rejected_records(result, c.rollout_depth):
@@ -503,5 +562,6 @@ class OilbirdDrafter(Drafter):
             "ring_bytes": self.ring.nbytes(),
             "host_pool": self.host_pool is not None,
             "host_pool_tokens": self.host_pool.n_tokens if self.host_pool is not None else 0,
+            **({"toolspec": self.toolspec.counters()} if self.toolspec is not None else {}),
             **self.pool.index_info(),
         }

@@ -146,15 +146,15 @@ class PoolNgramIndex:
         return seg
 
     def lookup(self, context: Sequence[int], max_n: int, max_copy: int,
-               excluded_group: Hashable | None = None) -> list[int]:
-        """What followed, in the pool, the longest suffix n-gram (n <= min(max_n, max_ngram)) of `context`:
-        its most recent occurrence outside `excluded_group` (a prompt hash; None excludes nothing),
+               excluded_group: Hashable | None = None, min_n: int = 1) -> list[int]:
+        """What followed, in the pool, the longest suffix n-gram (min_n <= n <= min(max_n, max_ngram)) of
+        `context`: its most recent occurrence outside `excluded_group` (a prompt hash; None excludes nothing),
         up to `max_copy` tokens. A longer n-gram found only in the excluded group backs off to shorter n."""
         if max_copy <= 0 or not self.occ:
             return []
         excluded = NO_GROUP if excluded_group is None else self.group_id(excluded_group)
         n_ctx = len(context)
-        for k in range(min(max_n, self.max_ngram, n_ctx), 0, -1):
+        for k in range(min(max_n, self.max_ngram, n_ctx), max(1, min_n) - 1, -1):
             p = self.occurrence(context[n_ctx - k :], excluded)
             if p >= 0:
                 return self.continuation(p, max_copy)
