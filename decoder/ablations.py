@@ -123,7 +123,10 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
         return {"label": label, "arm": arm, "tau": s["tau"]["value"], "tau_interval": s["tau"]["interval"],
                 "vs_merged": g.get("tau_ratio"), "vs_merged_interval": g.get("interval"),
                 "sole_source_share": s.get("sole_source_share"), "exact": s.get("exact"),
-                "speedup": (s.get("estimate") or {}).get("speedup")}
+                "speedup": (s.get("estimate") or {}).get("speedup"),
+                # the per-node counters: which source placed the accepted tokens (a node several sources proposed
+                # counts for each)
+                "accepted_by_source": s.get("accepted_by_source")}
 
     n_requests = summaries[(MERGED, nodes)]["requests"]
 
@@ -169,6 +172,10 @@ def format_table(r: dict) -> str:
     for a in r["ablations"]:
         lines.append(f"{a['label']:<34} {a['arm']:<38} {_iv(a['tau'], a['tau_interval']):>18} "
                      f"{_iv(a['vs_merged'], a['vs_merged_interval']):>18}")
+    for a in r["ablations"]:
+        if a["arm"].startswith(("semantic-only", "semantic-null")) and a.get("accepted_by_source") is not None:
+            by = ", ".join(f"{k} {v}" for k, v in sorted(a["accepted_by_source"].items(), key=lambda kv: -kv[1]))
+            lines.append(f"  accepted by source, {a['arm']}: {by or 'nothing drafted'}")
     lines.append("transplant ladder (base / +pool / +key / +key-added):")
     for lad in r["ladder"]:
         lines.append(f"  {lad['drafter']:<12} " + "   ".join(f"{x['arm']} {_iv(x['tau'], x['tau_interval'])}"

@@ -91,6 +91,12 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
     assert row["tau"] == pytest.approx(own[("oilbird-no-semantic", 60)]["tau"]["value"])
     assert row["vs_merged"] == pytest.approx(row["tau"] / r["merged"]["tau"])
     assert "oilbird-one-source" in [a["arm"] for a in r["ablations"]]
+    # the null control drafts, and its per-node counters say what placed its tokens: root branching only in
+    # replay (the rejected-branch pool records nothing there); without root branching it drafts nothing
+    null = next(a for a in r["ablations"] if a["arm"] == "semantic-null")
+    assert null["tau"] > 1 and set(null["accepted_by_source"]) == {"root"} and "accepted by source, semantic-null" in text
+    bare = next(a for a in r["ablations"] if a["arm"] == "semantic-null@root_branching=0")
+    assert bare["tau"] == 1 and not bare["accepted_by_source"]
     assert not [m for m in r["missing"] if "no arm yet" in m]
     # the headline: every baseline against oilbird both ways, from one replay (pld / recycling shared with the ladder)
     assert [h["arm"] for h in r["headline"]] == [a for _, a in HEADLINE]

@@ -19,7 +19,7 @@ from data.schema import prompt_hash
 from decoder.draft import ROOT, Draft, Drafter
 from decoder.engine import StopRule, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.audit import first_difference
-from decoder.drafters import DRAFTERS
+from decoder.drafters import DRAFTERS, installed
 from decoder.harness import DecodeConfig, run_decode
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
@@ -441,7 +441,7 @@ def test_bad_drafts_are_refused(stories):
 
 # ------------------------------------------------------------------ harness end to end
 
-LIBRARY = [name for name in DRAFTERS if name != "ar"]
+LIBRARY = [name for name in DRAFTERS if name != "ar" and installed(name)]  # test_suffix_arctic.py fails if not
 
 
 def _test_arms(lm, prompts, max_new):

@@ -192,3 +192,11 @@ def test_live_is_lossless_and_replay_equals_live(stories, tmp_path):
         folder = Path(s["store"]).parent
         assert _passes(folder / "replay" / arm) == _passes(Path(live[arm]["decode_dir"]) / arm), arm
         assert live[arm]["tau"] > 1.0, arm  # it drafted tokens the model accepted
+
+
+def test_arctic_inference_is_installed_where_the_suite_runs():
+    """make install builds arctic-inference: the main suite fails, never skips, without it (the floor env's
+    all-drafter tests leave suffix-arctic out, decoder.drafters.installed)."""
+    from decoder.drafters import installed
+
+    assert installed("suffix-arctic")

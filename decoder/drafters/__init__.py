@@ -66,6 +66,20 @@ DRAFTERS = {
     "toolspec": ToolSpecDrafter,
 }
 
+# drafter -> the optional package it needs (the `arctic` extra, built by `make install`); every other drafter
+# needs only the core dependencies
+NEEDS = {"suffix-arctic": "arctic_inference"}
+
+
+def installed(drafter: str) -> bool:
+    """Whether a drafter of DRAFTERS can be built here (its optional package imports); tests at the dependency
+    floors (make test-floor) run the drafters that can, and tests/test_suffix_arctic.py fails where it cannot."""
+    import importlib.util
+
+    need = NEEDS.get(drafter)
+    return need is None or importlib.util.find_spec(need) is not None
+
+
 # arm name -> (drafter in DRAFTERS, Config options): the Oilbird ablations, then the other drafters' presets
 PRESETS = {name: ("oilbird", options) for name, options in ARM_PRESETS.items() if name not in DRAFTERS}
 PRESETS.update({name: ("suffix-arctic", options) for name, options in ARCTIC_PRESETS.items()})
