@@ -18,8 +18,9 @@ from reports.arms import as_dict, est_speedup, named, tau_of
 from reports.htmlkit import esc, finite, not_available, number
 from reports.results import ABLATIONS_COMMAND, Arm, Result
 
-BASELINE_LABELS = {"suffix": "SuffixDecoding", "sam": "SAM-Decoding", "lexical": "lexical sources merged",
-                   "recycling": "Token Recycling", "pld": "prompt lookup (PLD)"}
+BASELINE_LABELS = {"suffix": "SuffixDecoding (ours)", "suffix-arctic-tree": "SuffixDecoding (ArcticInference, tree)",
+                   "suffix-arctic": "SuffixDecoding (ArcticInference, vLLM's defaults)", "sam": "SAM-Decoding",
+                   "lexical": "lexical sources merged", "recycling": "Token Recycling", "pld": "prompt lookup (PLD)"}
 
 
 def _paired_over(arm: Arm) -> tuple[float | None, list | None]:
@@ -65,7 +66,7 @@ def comparison(result: Result) -> Comparison | None:
     on_row = _replay_row(on, f"merged ({ON_ARM})") if on is not None else None
     rows = []
     for a in sorted(arms, key=lambda a: LEXICAL_ARMS.index(a.name)):
-        row = _replay_row(a, BASELINE_LABELS[a.name])
+        row = _replay_row(a, BASELINE_LABELS.get(a.name, a.name))
         ratio, iv = _paired_over(a)
         if ratio is None and on_row is not None and on_row["tau"] is not None and row["tau"]:
             ratio = on_row["tau"] / row["tau"]

@@ -1302,7 +1302,7 @@ def test_evidence_without_ablations_reads_the_replay(tmp_path):
            "does not exist" in text
     assert "make ablations BENCH=toy MODEL=toy-model" in text
     # a paired interval where the arm was replayed against oilbird (inverted: 1/0.8 [1/0.85, 1/0.75]), else none
-    assert rows["SuffixDecoding"][1:4] == ["suffix", "4.60 [4.30–4.90]", "×1.250 [1.176–1.333]"]
+    assert rows["SuffixDecoding (ours)"][1:4] == ["suffix", "4.60 [4.30–4.90]", "×1.250 [1.176–1.333]"]
     assert rows["lexical sources merged"][1:4] == ["lexical", "5.20 [4.90–5.50]", "×1.079"]
     assert "SAM-Decoding" not in rows  # not replayed: no row
     cls, line = target_of(page)

@@ -152,3 +152,10 @@ def test_policy_arms():
 def test_target_status(ratio, interval, status):
     assert status in TARGET_STATUSES
     assert target_status(ratio, interval) == status
+
+
+def test_every_lexical_arm_has_a_report_label():
+    """The decision block names every best-lexical candidate (a KeyError once broke `make census`)."""
+    from reports.target import BASELINE_LABELS
+
+    assert set(LEXICAL_ARMS) <= set(BASELINE_LABELS)
