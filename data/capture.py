@@ -269,10 +269,7 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
         _check_committed(path, writer, requests)
         if writer.done >= len(requests):
             _finish_already_done(path, writer, cfg, len(requests), len(every_request))
-            done = True
         else:
-            done = False
-        if not done:
             _capture_into(writer, cfg, lm, info, requests, all_prompts, all_refs, truncated, max_new,
                           len(every_request))
     if cfg.agree_with:

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import json
 import os
 import time
 from pathlib import Path
@@ -91,11 +90,14 @@ class ServedStore:
         path = os.environ.get(STORE_ENV) or ""
         if not path:
             return None
+        flush = os.environ.get(FLUSH_ENV) or "8"
+        if not flush.isdigit():
+            raise OilbirdError(f"{FLUSH_ENV}={flush!r}: give a whole number of requests per commit (default 8)")
         mc = vllm_config.model_config
         device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "cpu")
         meta, eos = served_meta(str(mc.model), layer, int(mc.max_model_len), str(mc.dtype).removeprefix("torch."),
                                 device, os.environ.get(BENCH_ENV) or "served")
-        return cls(path, meta, eos, int(os.environ.get(FLUSH_ENV) or 8))
+        return cls(path, meta, eos, int(flush))
 
     def stop_reason(self, trace) -> str:
         if len(trace.output) and int(trace.output[-1]) in self.eos_ids:
@@ -141,19 +143,3 @@ class ServedStore:
             atexit.unregister(self.close)
             self.writer.close()  # the store's write lock
 
-
-def warm_traces(path: str | Path, model_fingerprint: str) -> list[tuple[list[int], list[int], np.ndarray]]:
-    """(prompt, output, states) of every request of an existing served store, for the proposer's pool; []
-    when there is none yet. A store of another model is refused (its states mean nothing here)."""
-    from data.store import open_store
-
-    path = Path(path)
-    if not (path / "meta.json").exists() or not json.loads((path / "meta.json").read_text()).get("n_requests"):
-        return []
-    store = open_store(path, model_fingerprint=model_fingerprint)
-    out = []
-    for r in range(store.n_requests):
-        lo, hi = int(store.offsets[r]), int(store.offsets[r + 1])
-        hidden = store.hidden[lo:hi].astype(np.float32) * store.hidden_valid[lo:hi, None]
-        out.append((store.prompt(r), store.tokens(r).tolist(), hidden))
-    return out

@@ -120,13 +120,16 @@ class OilbirdProposer(RequestRecorder):
         """The recorder's taps (and the served store, when OILBIRD_VLLM_STORE is set); an existing served
         store's traces enter the pool first, so a restarted server drafts from what it served before."""
         super().load_model(model, *args, **kwargs)
-        if self.store is not None:
-            from data.served_store import warm_traces
+        if self.store is not None and self.store.writer.done:
+            from data.store import open_store
+            from decoder.traces import load_traces
 
-            warm = warm_traces(self.store.path, self.store.writer.meta["model_fingerprint"])
-            for prompt, output, hidden in warm:
-                self.drafter.add_trace(output, prompt_hash(prompt), hidden)
-                self.counts["pooled_tokens"] += len(output)
+            # a store of another model is refused (its states mean nothing here); unknown rows are zeros
+            store = open_store(self.store.path, model_fingerprint=self.store.writer.meta["model_fingerprint"])
+            warm = load_traces(store, None, None)
+            for t in warm:
+                self.drafter.add_trace(t.tokens, prompt_hash(t.prompt), t.pool_states())
+                self.counts["pooled_tokens"] += len(t.tokens)
             self._log(f"oilbird proposer: {len(warm)} traces of the served store {self.store.path} pooled")
 
     def draft(self, req: RowRequest, rows, sampled: Sequence[int], room: int) -> list[int]:

@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
+from data.errors import OilbirdError
 from data.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import PRESETS, arm_names, make_drafter
@@ -217,6 +218,8 @@ def test_root_branching_declares_the_anchors_successors_and_the_null_keeps_it():
         assert draft.tokens == expect and draft.parents == [ROOT] * len(expect)
         assert all(src == {"root"} for src in draft.sources)
         assert d.tally["key_queries"] == 0
+    with pytest.raises(OilbirdError, match="root_branching needs host none"):
+        make_drafter("oilbird@root_branching=8", vocab_size=20, nodes=60)
 
 
 # ------------------------------------------------------------------ the transplant ladder's +pool rung

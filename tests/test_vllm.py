@@ -292,3 +292,13 @@ def test_the_verification_profile_measured_in_vllm(tiny_llama64, tmp_path):
     assert d["prefill_lengths"] == [64, 160] and min(d["prefill_s"]) > 0
     cost = CostModel.load(out, model_fingerprint=d["model_fingerprint"])
     assert cost.verify_s(2, 100) > 0 and cost.meta["engine"] == "vllm"
+
+
+def test_a_bad_store_flush_is_one_line_before_any_model_loads(monkeypatch, tmp_path):
+    from data.served_store import FLUSH_ENV, STORE_ENV, ServedStore
+
+    monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
+    monkeypatch.setenv(FLUSH_ENV, "eight")
+    with pytest.raises(OilbirdError, match="OILBIRD_VLLM_STORE_FLUSH='eight'"):
+        ServedStore.from_env(object(), layer=1)  # no vllm_config is read before the check
+    assert not (tmp_path / "store").exists()

@@ -243,6 +243,8 @@ class OilbirdDrafter(Drafter):
             raise ValueError(f"host_pool needs host pld, recycling or toolspec (got {c.host!r})")
         if c.one_source and c.host != "lexical":  # the rule reads the automaton's match length
             raise ValueError(f"one_source needs host lexical (got {c.host!r})")
+        if c.root_branching and c.host != "none":  # a lexical host already branches at the root (adjacency)
+            raise ValueError(f"root_branching needs host none (got {c.host!r})")
         if c.chain < 0:
             raise ValueError(f"chain must be 0 (the tree) or a chain length (got {c.chain})")
         if c.one_source_min_match < 0:
@@ -438,7 +440,7 @@ class OilbirdDrafter(Drafter):
     def _root_branches(self, anchor: int) -> list[int]:
         """Root branching (host none): the anchor's first `root_branching` adjacency successors."""
         n = self.config.root_branching
-        if n <= 0 or self.config.host != "none" or not 0 <= anchor < self.vocab_size:
+        if n <= 0 or not 0 <= anchor < self.vocab_size:
             return []
         row = self.table.table[anchor]
         return [int(t) for t in row[:n] if t >= 0]
