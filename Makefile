@@ -60,6 +60,8 @@ $(STAMP): pyproject.toml Makefile
 	CMAKE_PREFIX_PATH=$$($(PY) -m nanobind --cmake_dir) $(PY) -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 	# pyarrow 25.0.1 beside the venv, for tests/test_pyarrow25.py only (a store read under apache/arrow#35692)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/pyarrow25 pyarrow==25.0.1
+	# the semantic key's query kernel (data/keyscan.c), built now so that a missing compiler shows here
+	$(PY) -c "from data import keyscan; s = keyscan.status(); print('semantic key query path:', s['path'], s['why'])"
 	touch $(STAMP)
 
 capture: $(STAMP)

@@ -15,8 +15,10 @@ from fresh drafters, one at a time (a float16 pool of 1M states is 1.2 GB).
 Measured per (arm, size):
   draft_ms_per_pass   each pass's drafting time (`Cycle.draft_s`; measurement-only work left out):
                       median, p99, mean;
-  query_ms            (arms with the key) every call of the pool's `query`, timed around the bound method
-                      of that pool (the knn_recall shadow's time left out): median, p99, mean;
+  query_ms            (arms with the key) every key pass, the pool's `key` timed around the bound method
+                      of that pool: the kNN query and, when it fires, its chains (one kernel call on a
+                      pruned pool, data/keyscan.c; the knn_recall shadow's time left out): median, p99,
+                      mean;
   recall_vs_exact     (arms with the key) up to --recall-sample of those queries (a seeded reservoir),
                       each against an exact float32 search over the same pool rows with the same
                       same-prompt exclusion, after the run: tie-aware recall@k (data/knnrecall.py);
@@ -27,9 +29,9 @@ ArcticInference's SuffixDecodingCache (`arctic_inference.suffix_decoding`) runs 
 the same requests and pools when it imports (tree mode, spec factor 4, min token prob 0.1); otherwise
 its row says it is absent and why.
 
-Then the whole store (benchmarks/draft_rounds.py, --whole-rounds 3): oilbird, oilbird-no-semantic and
-the key as it was (exact search asked on every pass) replayed over every request of the store in
-rounds, arms interleaved, the order rotated each round: tau and drafting per pass per arm, the
+Then the whole store (benchmarks/draft_rounds.py, --whole-rounds 3, in a fresh spawned interpreter):
+oilbird, oilbird-no-semantic and the key as it was (exact search asked on every pass) replayed over
+every request of the store in rounds, arms interleaved, the order rotated each round: tau and drafting per pass per arm, the
 drafting ratio per round. Per pool size, `draft_ratio_by_size` keeps oilbird's drafting over
 oilbird-no-semantic's as information.
 
@@ -38,8 +40,8 @@ states and <= 1 ms at 1,048,576 states, each with recall >= 0.95 against exact; 
 store, oilbird's drafting per pass <= 1.5x oilbird-no-semantic's by mean and by median (medians of
 the per-round ratios), and oilbird's tau >= 0.99 x the key as it was.
 
-Writes runs/<bench>/<model>/bench/draft.json (rewritten after every row; "complete" once all ran) and
-prints a table. docs/benchmarks.md explains the columns.
+Writes runs/<bench>/<model>/bench/draft.json (rewritten after every row; "complete" once all ran; its
+"device" says which query path ran: the compiled kernel or the numpy fallback) and prints a table. docs/benchmarks.md explains the columns.
 
 Usage: python benchmarks/bench_draft.py [--bench apibank] [--model smollm2-135m] [--out runs] [--limit N]
   [--serve 48] [--pool-sizes 4096,16384,65536,262144,1048576] [--arms suffix,lexical,oilbird,oilbird-no-semantic]
@@ -80,7 +82,7 @@ from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
 from decoder.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
 from draft_arctic import ARCTIC, ARCTIC_SETTINGS, ArcticDrafter, load_arctic  # noqa: E402
 from draft_report import format_table, format_targets, format_whole, ms_distribution, ms_text  # noqa: E402
-from draft_rounds import BEFORE_ARM, replay_rounds, whole_store_targets  # noqa: E402
+from draft_rounds import BEFORE_ARM, whole_store, whole_store_targets  # noqa: E402
 from tiling import Disguise, make_disguise, noise_scale, store_vocab  # noqa: E402
 
 DEFAULT_SIZES = (4096, 16384, 65536, 262144, 1048576)
@@ -198,22 +200,23 @@ class Reservoir:
 
 
 class KeyProbe:
-    """Measurement only, on one drafter with a semantic pool: times every `pool.query` (the bound method of
-    that instance is wrapped; the knn_recall shadow's seconds are left out, as the loop leaves them out of
-    drafting), offers each query to the recall sample, and notes the pool rows each prompt hash added (the
-    same-prompt exclusion the exact search must repeat)."""
+    """Measurement only, on one drafter with a semantic pool: times every `pool.key` (the key's pass: the kNN
+    query and, when it fires, its chains, one kernel call on a pruned pool; the bound method of that instance
+    is wrapped; the knn_recall shadow's seconds are left out, as the loop leaves them out of drafting), offers
+    each query to the recall sample, and notes the pool rows each prompt hash added (the same-prompt exclusion
+    the exact search must repeat)."""
 
     def __init__(self, drafter, sample: Reservoir | None) -> None:
         self.pool = drafter.pool
         self.times: list[float] = []
         self.spans: dict[Hashable, list[tuple[int, int]]] = {}
         self.current: Hashable = None  # the prompt hash of the request being served
-        pool, query, add = self.pool, self.pool.query, drafter.add_trace
+        pool, key, add = self.pool, self.pool.key, drafter.add_trace
 
-        def timed_query(state, k):
+        def timed_key(state, k, *args, **kwargs):
             shadow0 = getattr(pool, "shadow_s", 0.0)
             t0 = time.perf_counter()
-            out = query(state, k)
+            out = key(state, k, *args, **kwargs)
             self.times.append(time.perf_counter() - t0 - (getattr(pool, "shadow_s", 0.0) - shadow0))
             if sample is not None:
                 sample.offer(self, state, k, out[1])
@@ -225,7 +228,7 @@ class KeyProbe:
             if prompt_hash is not None and pool.n > n0:
                 self.spans.setdefault(prompt_hash, []).append((n0, pool.n))
 
-        pool.query = timed_query
+        pool.key = timed_key
         drafter.add_trace = add_trace
 
 
@@ -448,9 +451,11 @@ def faiss_threads() -> int | None:
 def device_info() -> dict:
     from decoder.profile import device_name
 
+    from data import keyscan
+
     return {"type": "cpu", "name": device_name(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "faiss_threads": faiss_threads(), "torch": torch.__version__,
-            "load_average_at_start": [round(v, 2) for v in os.getloadavg()]}
+            "key_query_path": keyscan.status(), "load_average_at_start": [round(v, 2) for v in os.getloadavg()]}
 
 
 def load_workload(path: Path, limit: int | None, serve: int, noise: float, seed: int) -> tuple[Workload, object]:
@@ -568,11 +573,8 @@ def main(argv=None) -> int:
     result["draft_ratio_by_size"] = size_ratios(result["rows"])
     result["whole_store"] = None
     if args.whole_rounds:
-        traces = load_traces(open_store(path), args.limit, None)
-        say = (lambda arm, r, x: print(f"  whole store, round {r + 1}: {arm}: tau {x['tau']:.3f}, draft "  # noqa: E731
-                                       f"{x['draft_ms_mean']:.3f} ms/pass (mean)", file=sys.stderr)) if not args.quiet else None
-        result["whole_store"] = replay_rounds(traces, w.vocab, args.whole_rounds, args.nodes, progress=say)
-        del traces
+        result["whole_store"] = whole_store(path, args.limit, args.whole_rounds, args.nodes, w.vocab, args.threads,
+                                            args.quiet)
     result["targets"] = check_targets(result["rows"]) + whole_store_targets(result["whole_store"], TARGET_DRAFT_RATIO,
                                                                              TARGET_TAU)
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")

@@ -14,7 +14,7 @@ as before). Census, decoder and replay all read it from here.
 Bytes per token, the one definition (census, decoder, replay): what one pooled generated token
 costs in the drafter's pool, `state_bytes(spec, d) + ROW_POINTER_BYTES + TOKEN_BYTES`:
   - its state in the semantic key's index: float16 (2 d bytes) for `exact`; for `auto` that row plus
-    the pruner's projected row and id (data/pruner.py: 128 + 8 bytes at d >= 256), counted
+    the pruner's projected row, id and group (data/pruner.py: 128 + 12 bytes at d >= 256), counted
     whole although a small pool has no pruner yet; else the faiss code
     the spec stores per state, read off faiss itself (sa_code_size; an ivf adds its int64 id, an
     hnsw its level-0 int32 links); codebooks and projections are a fixed cost, not per token;
@@ -63,7 +63,7 @@ def state_bytes(spec: IndexSpec, d: int) -> float:
     if spec.auto:  # the float16 row and, once the pool is large, its projected row and id in the pruner
         from data.pruner import PrunerConfig
 
-        return 2.0 * d + PrunerConfig().projected_dims(d) + 8.0
+        return 2.0 * d + PrunerConfig().bytes_per_state(d)
     try:
         import faiss
     except ImportError:

@@ -1,16 +1,18 @@
-"""The `auto` index's candidate generator: an inverted file over PCA-projected states, trained on the
-pool itself and re-trained as it grows.
+"""The `auto` index: an inverted file over PCA-projected states, trained on the pool itself and
+re-trained as it grows, queried in one compiled call (data/keyscan.c).
 
 The semantic key's default index (`--index auto`, data/stateindex.py) keeps every state whole, as the
 exact key does (unit rows, float16), and scores neighbours exactly from those rows. While the pool is
 small it scores every row (the exact key, unchanged). Past `prune_from` states the rows are also
-filed in an `IvfPruner`, and a query scores only the candidates it returns:
+filed in an `IvfPruner`, and a query (`IvfPruner.nearest`) scores only the rows it lists:
 
-  1. project the query with the pool's PCA (to `pca_dims`, then back on the unit sphere);
-  2. visit the `nprobe` inverted lists whose centroids are nearest, keep the `width` best rows by
-     the projected inner product (faiss IVF over the projected rows, 8-bit scalar codes: on API-Bank
-     states as fast as float32 rows and as good for pruning, at a quarter of the bytes);
-  3. the caller re-scores those rows exactly from its own float16 rows and keeps the k best.
+  1. project the unit query with the pool's PCA (to `pca_dims`);
+  2. visit the `nprobe` inverted lists whose centroids are nearest (more, one at a time, while fewer
+     than k rows outside the served prompt's group were found), keep the `width` = 3k best rows (4k from
+     1,024 lists) by an approximate inner product: the list's coarse score plus the int16-quantised query
+     against the row's 8-bit codes (its residual from the list's centroid over a per-dimension step: a
+     quarter of float32's bytes, as faiss's IVF-SQ8 by residual);
+  3. re-score those rows exactly from the pool's float16 rows and keep the k best.
 
 So a returned similarity is always the exact float16 cosine; pruning can only miss a neighbour,
 never misplace one (the recall against exact search at the same k is what the bench measures).
@@ -18,25 +20,29 @@ never misplace one (the recall against exact search at the same k is what the be
 Schedule, as the pool grows (the defaults are measured on API-Bank states, SmolLM2, 2 cores;
 `make bench-draft` times and checks them at 4k to 1M states):
   - lists: nlist = the largest power of two <= sqrt(2 n) at training, between 32 and 4096
-    (trained at 32k rows -> 256 lists, at 524k -> 1024); nprobe = max(`nprobe_min` = 8, nlist / 64);
+    (trained at 32k rows -> 256 lists, at 524k -> 1024); nprobe = max(`nprobe_min` = 4, nlist / 64);
   - training: k-means and PCA on `train_per_list` x nlist rows spread evenly over the pool (not its
     first rows, so the lists follow the traffic as it drifts);
   - re-training: when the pool holds `retrain_growth` times the rows of the last training, every row
     is filed again under the new lists (geometric, so a row is re-filed O(1) times on average);
-  - appends file the new rows only (faiss add: projection and nearest centroid, no copy of the rest);
+  - appends file the new rows only (projection, nearest centroid and codes in the kernel, appended to
+    their lists, which double when full: no copy of the rest);
   - eviction drops rows by id (ids are the caller's global row numbers, which only grow).
-The pruner holds pca_dims + 8 bytes per state (the projected row's 8-bit codes and its id) beside
-the float16 row: `bytes_per_state`.
+The pruner holds pca_dims + 12 bytes per state (the projected row's 8-bit codes, its id and its prompt
+group) beside the float16 row: `bytes_per_state`. Training uses faiss's k-means (spherical) and a PCA in
+torch; a query never calls faiss: it is data/keyscan.c, or `nearest_reference` (numpy, the same steps,
+ties and arithmetic: the kernel's reference in the tests, and the path where the kernel cannot be built).
 """
 
 from __future__ import annotations
 
+import ctypes
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
-from data.stateindex import one_faiss_thread
+from data import keyscan
 
 
 @dataclass(frozen=True)
@@ -50,8 +56,11 @@ class PrunerConfig:
     pca_dims: int = 128  # projection width (no projection when the state width is below 2 x this)
     min_lists: int = 32
     max_lists: int = 4096
-    nprobe_min: int = 8  # lists visited per query, at least (nlist / 64 when larger); 4 gave recall 0.955 on API-Bank
-    candidates_per_k: int = 4  # rows re-scored exactly per neighbour asked for
+    nprobe_min: int = 4  # lists visited per query, at least (nlist / 64 when larger). At 65k API-Bank states:
+    #                      recall 0.988 with 8 lists and 4 per neighbour, 0.978 with 4 and 3 (and a query 30% faster)
+    candidates_per_k: int = 3  # rows re-scored exactly per neighbour asked for (2: recall 0.969 at 65k)
+    candidates_per_k_large: int = 4  # ... once the lists number large_lists or more (at 1M API-Bank states, 1,024
+    large_lists: int = 1024  #         lists and 16 visited: recall 0.948 with 3 per neighbour, 0.966 with 4)
     train_per_list: int = 48  # training rows per list (faiss warns below 39)
     kmeans_iters: int = 10
 
@@ -66,93 +75,292 @@ class PrunerConfig:
     def projected_dims(self, d: int) -> int:
         return self.pca_dims if d >= 2 * self.pca_dims else d
 
+    def bytes_per_state(self, d: int) -> float:
+        """A filed state's bytes: its projected row's 8-bit codes, its int64 id and its int32 prompt group."""
+        return float(self.projected_dims(d)) + 12.0
+
 
 class IvfPruner:
-    """Candidate rows for a query: faiss IVF (8-bit codes) over the PCA projection of the pool's unit rows."""
+    """The auto index past prune_from: PCA, inverted lists of 8-bit codes, exact re-scoring (module docstring)."""
 
     def __init__(self, d: int, config: PrunerConfig | None = None) -> None:
-        import faiss  # the [faiss] extra; without it the auto index stays exact (decoder/drafters/semantic.py)
+        import faiss  # k-means at training (the [faiss] extra); without it the auto index stays exact
 
         self.faiss = faiss
+        keyscan.library()  # built now if it must be (pool time), not at the first query (drafting time)
         self.d = d
         self.config = config or PrunerConfig()
         self.dims = self.config.projected_dims(d)
-        self.index = None  # faiss IndexPreTransform(PCA, L2norm, IVF-SQ8) or a bare IVF-SQ8; None before training
+        self.trained = False
         self.nlist = self.nprobe = 0
         self.trained_rows = 0  # pool rows at the last training
         self.trainings = 0
         self.train_s = 0.0  # seconds spent training and re-filing (pool time, not query time)
-        self._scores = np.empty((1, 0), np.float32)  # search buffers, reused
-        self._labels = np.empty((1, 0), np.int64)
+        self.ntotal = 0  # rows filed
+        self.mean = np.zeros(d, np.float32)  # PCA: y = unit((x - mean) @ proj_t)
+        # proj_t and cent_t are float16 values (the kernel reads the float16 copies: half the bytes of a query
+        # that runs with cold caches), kept here widened for numpy
+        self.proj_t = np.eye(d, self.dims, dtype=np.float32)
+        self.scale = np.ones(self.dims, np.float32)  # code step per projected dimension
+        self.cent_t = np.zeros((self.dims, 0), np.float32)  # centroids, transposed [dims, nlist]
+        self.codes: list[np.ndarray] = []  # per list: int8 [capacity, dims]
+        self.ids: list[np.ndarray] = []  # per list: int64 [capacity], the caller's global row numbers
+        self.groups: list[np.ndarray] = []  # per list: int32 [capacity], the rows' prompt groups
+        self.sizes = np.zeros(0, np.int64)
+        self.codes_ptr = np.zeros(0, np.int64)  # per list: the address of codes[l] / ids[l] (the kernel's view)
+        self.ids_ptr = np.zeros(0, np.int64)
+        self.groups_ptr = np.zeros(0, np.int64)
+        self._ks: keyscan.KeyScan | None = None  # the kernel's view of the arrays (`_index_address`)
+        self._k = 0  # neighbours its scratch holds
+        self._bound = None  # the pool's matrix it points at
 
     @property
     def spec(self) -> str:
         """The structure answering now, in data/stateindex.py's spec words."""
         pca = f"pca{self.dims}," if self.dims != self.d else ""
-        return f"{pca}ivf{self.nlist},sq8,nprobe={self.nprobe}"
+        return f"{pca}ivf{self.nlist},sq8,nprobe={self.nprobe},rerank={self.candidates_per_k}k"
 
     def due(self, n: int) -> bool:
         """Whether a pool of n rows should (re-)train: first at prune_from, then at each growth step."""
-        if self.index is None:
+        if not self.trained:
             return n >= self.config.prune_from
         return n >= self.config.retrain_growth * self.trained_rows
 
-    def train(self, rows, ids: np.ndarray) -> None:
-        """(Re-)train on the pool's rows (float16 or float32, [n, d], unit) and file all of them."""
+    def train(self, rows, ids: np.ndarray, groups: np.ndarray) -> None:
+        """(Re-)train on the pool's rows (float16 or float32, [n, d], unit) and file all of them (`add`)."""
         import time
 
-        faiss, c = self.faiss, self.config
+        c = self.config
         t0 = time.perf_counter()
         n = len(ids)
         self.nlist = c.lists_for(n)
         self.nprobe = min(self.nlist, c.nprobe_for(self.nlist))
         take = min(n, c.train_per_list * self.nlist)
         sample = _as_f32(_take(rows, np.linspace(0, n - 1, take).astype(np.int64)) if take < n else rows[:n])
-        pre = f"PCA{self.dims},L2norm," if self.dims != self.d else ""
-        index = faiss.index_factory(self.d, f"{pre}IVF{self.nlist},SQ8", faiss.METRIC_INNER_PRODUCT)
-        ivf = faiss.extract_index_ivf(index)
-        ivf.cp.niter = c.kmeans_iters
-        ivf.cp.min_points_per_centroid = 1  # few rows per list is the small-pool case, not an error
-        index.train(sample)
-        ivf.nprobe = self.nprobe
-        self.index, self.ivf = index, ivf
-        self.add(rows, ids)
+        # torch, not numpy, for the training's algebra: numpy's OpenBLAS leaves its threads spinning for about
+        # 0.1 s after a large product, and on 2 cores that stalled the next drafting pass by as much
+        import torch
+
+        x = torch.from_numpy(sample)
+        if self.dims != self.d:  # PCA: the sample's top `dims` principal axes
+            mean = x.mean(dim=0)
+            centred = (x - mean).double()
+            _, vectors = torch.linalg.eigh(centred.T @ centred)
+            self.mean = mean.numpy().astype(np.float32)
+            self.proj_t = np.ascontiguousarray(vectors.flip(1)[:, : self.dims].numpy(), np.float16).astype(np.float32)
+        y = torch.nn.functional.normalize((x - torch.from_numpy(self.mean)) @ torch.from_numpy(self.proj_t), dim=1)
+        y = np.ascontiguousarray(y.numpy())
+        kmeans = self.faiss.Kmeans(self.dims, self.nlist, niter=c.kmeans_iters, spherical=True, seed=1234,
+                                   min_points_per_centroid=1, verbose=False)  # few rows per list: the small pool
+        kmeans.train(y)
+        self.cent_t = np.ascontiguousarray(kmeans.centroids.T.astype(np.float16).astype(np.float32))
+        # codes are residuals from the row's centroid (as faiss's IVF-SQ by_residual): at 1M states, codes of
+        # the rows themselves gave recall 0.917 at the same 16 lists and 24 re-scored rows
+        assigned = torch.from_numpy(y) @ torch.from_numpy(self.cent_t)
+        residual = y - self.cent_t.T[assigned.argmax(dim=1).numpy()]
+        self.scale = (np.maximum(np.abs(residual).max(axis=0), 1e-12) / 127).astype(np.float32)
+        self.codes = [np.zeros((0, self.dims), np.int8) for _ in range(self.nlist)]
+        self.ids = [np.zeros(0, np.int64) for _ in range(self.nlist)]
+        self.groups = [np.zeros(0, np.int32) for _ in range(self.nlist)]
+        self.sizes = np.zeros(self.nlist, np.int64)
+        self.codes_ptr = np.zeros(self.nlist, np.int64)
+        self.ids_ptr = np.zeros(self.nlist, np.int64)
+        self.groups_ptr = np.zeros(self.nlist, np.int64)
+        self.ntotal = 0
+        self.trained = True
+        self._ks = None  # the kernel's view is made again over the new arrays
+        self.add(rows, ids, groups)
         self.trained_rows = n
         self.trainings += 1
         self.train_s += time.perf_counter() - t0
 
-    def add(self, rows, ids: np.ndarray) -> None:
-        """File rows (unit, [m, d]) under their ids (increasing global row numbers)."""
+    def add(self, rows, ids: np.ndarray, groups: np.ndarray) -> None:
+        """File rows (unit, [m, d]) under their ids (increasing global row numbers) with their prompt groups
+        (a query skips the served prompt's group while scanning): each to its nearest
+        centroid's list, appended (the lists double when full). Float16 rows (the pool's) are encoded by
+        data/keyscan.c's `keyscan_encode` when it is built, else by `encode_reference`."""
         step = 65536  # bounded float32 copies
         for lo in range(0, len(ids), step):
-            self.index.add_with_ids(_as_f32(rows[lo:lo + step]), np.ascontiguousarray(ids[lo:lo + step], np.int64))
+            lists, codes = self.encode(rows[lo:lo + step])
+            chunk, chunk_groups = np.asarray(ids[lo:lo + step], np.int64), np.asarray(groups[lo:lo + step], np.int32)
+            order = np.argsort(lists, kind="stable")
+            bounds = np.searchsorted(lists[order], np.arange(self.nlist + 1))
+            for li in np.flatnonzero(np.diff(bounds)):  # the lists this chunk touches
+                sel = order[bounds[li]:bounds[li + 1]]
+                self._append(int(li), codes[sel], chunk[sel], chunk_groups[sel])
+
+    def encode(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """(list, int8 codes) of each row ([m, d], a torch tensor or an array)."""
+        lib = keyscan.library()
+        half = rows.numpy() if hasattr(rows, "numpy") and str(rows.dtype) == "torch.float16" else rows
+        if lib is None or not isinstance(half, np.ndarray) or half.dtype != np.float16 or not len(half):
+            return self.encode_reference(rows)
+        half = np.ascontiguousarray(half)
+        lists, codes = np.zeros(len(half), np.int32), np.zeros((len(half), self.dims), np.int8)
+        lib.keyscan_encode(self._index_address(), keyscan.address(half), len(half), keyscan.address(lists),
+                           keyscan.address(codes))
+        return lists, codes
+
+    def encode_reference(self, rows) -> tuple[np.ndarray, np.ndarray]:
+        """`encode` in numpy, with keyscan.c's arithmetic (`_sums`, `_unit_rows`) and ties."""
+        lists, codes = np.zeros(len(rows), np.int32), np.zeros((len(rows), self.dims), np.int8)
+        for lo in range(0, len(rows), 64):  # bounded [64, d, dims] products
+            x = _as_f32(rows[lo:lo + 64]) - self.mean
+            y = _unit_rows(_sums(x, self.proj_t))
+            best = np.argmax(_sums(y, self.cent_t), axis=1)
+            lists[lo:lo + 64] = best
+            codes[lo:lo + 64] = np.clip(np.rint((y - self.cent_t.T[best]) / self.scale), -127, 127)
+        return lists, codes
+
+    def _append(self, li: int, codes: np.ndarray, ids: np.ndarray, groups: np.ndarray) -> None:
+        size, m = int(self.sizes[li]), len(ids)
+        if size + m > len(self.ids[li]):
+            cap = max(16, 2 * len(self.ids[li]), size + m)
+            grown = np.zeros((cap, self.dims), np.int8), np.zeros(cap, np.int64), np.zeros(cap, np.int32)
+            for new, old in zip(grown, (self.codes[li], self.ids[li], self.groups[li])):
+                new[:size] = old[:size]
+            self.codes[li], self.ids[li], self.groups[li] = grown
+            for table, new in zip((self.codes_ptr, self.ids_ptr, self.groups_ptr), grown):
+                table[li] = keyscan.address(new)
+        self.codes[li][size:size + m] = codes
+        self.ids[li][size:size + m] = ids
+        self.groups[li][size:size + m] = groups
+        self.sizes[li] = size + m
+        self.ntotal += m
 
     def remove_below(self, lo: int) -> None:
         """Drop every row with id < lo."""
-        if self.index is not None and lo > 0:
-            self.index.remove_ids(self.faiss.IDSelectorRange(0, lo))
+        if not self.trained or lo <= 0:
+            return
+        for li in range(self.nlist):
+            size = int(self.sizes[li])
+            keep = np.flatnonzero(self.ids[li][:size] >= lo)
+            if len(keep) < size:
+                for a in (self.codes[li], self.ids[li], self.groups[li]):
+                    a[: len(keep)] = a[keep]
+                self.sizes[li] = len(keep)
+                self.ntotal -= size - len(keep)
 
-    def candidates(self, query: np.ndarray, width: int, nprobe: int | None = None) -> np.ndarray:
-        """Ids of up to `width` rows nearest the unit query (float32, contiguous [d]) in the projection,
-        -1 padded, visiting `nprobe` lists (default the schedule's). Calls faiss's own search with
-        reused buffers: the Python wrapper's allocation and checks cost a fifth of a query."""
-        if self._labels.shape[1] != width:
-            self._scores = np.empty((1, width), np.float32)
-            self._labels = np.empty((1, width), np.int64)
-        sp = self.faiss.swig_ptr
-        with one_faiss_thread(self.faiss):  # one query: one thread (data/stateindex.py says why)
-            if nprobe is None or nprobe == self.nprobe:  # faiss's attribute setter is slow: only when widening
-                self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
-                return self._labels[0].copy()
-            self.ivf.nprobe = min(self.nlist, nprobe)
-            try:
-                self.index.search_c(1, sp(query), width, sp(self._scores), sp(self._labels))
-            finally:
-                self.ivf.nprobe = self.nprobe
-            return self._labels[0].copy()
+    def nearest(self, state: np.ndarray, k: int, matrix, row_base: int, n: int,
+                excluded: int) -> tuple[np.ndarray, np.ndarray]:
+        """(exact cosines, local rows) of the k nearest rows of the pool's float16 `matrix` ([>= n, d], a
+        torch tensor or an array; local row r has global id row_base + r) to `state`, decreasing, rows of
+        prompt group `excluded` never returned: the kernel, else `nearest_reference`."""
+        lib = keyscan.library()
+        if lib is None:
+            keyscan.note_numpy_path()
+            return self.nearest_reference(state, k, matrix, row_base, n, excluded)
+        found = lib.keyscan_query(self._query_address(k, matrix, row_base, n),
+                                  keyscan.address(np.ascontiguousarray(state, np.float32)), excluded, k,
+                                  *self._out_address)
+        return self._out_scores[:found].copy(), self._out_rows[:found].copy()
+
+    def nearest_with_chains(self, state: np.ndarray, k: int, matrix, row_base: int, n: int,
+                            excluded: int, chain_spec: int, theta: float) -> tuple[np.ndarray, np.ndarray, int]:
+        """`nearest` and, when its best cosine reaches theta, the chains of data/keyscan.c's ChainSpec at address
+        `chain_spec` (written to its buffers), in one kernel call: (scores, rows, chains written, -1 when the best
+        cosine is below theta). Kernel only."""
+        lib = keyscan.library()
+        found = lib.keyscan_key(self._query_address(k, matrix, row_base, n),
+                                chain_spec, keyscan.address(np.ascontiguousarray(state, np.float32)), excluded, k,
+                                theta, *self._out_address, self._count_address)
+        return self._out_scores[:found].copy(), self._out_rows[:found].copy(), self._count.item()
+
+    def _query_address(self, k: int, matrix, row_base: int, n: int) -> int:
+        """`_index_address(k)` pointed at the pool's matrix as it is now."""
+        address = self._index_address(k)
+        if self._bound is not matrix:  # by identity: the pool's matrix is replaced when it grows or is compacted
+            self._ks.matrix, self._bound = keyscan.address(matrix), matrix
+        self._ks.row_base, self._ks.n = row_base, n
+        return address
+
+    def _index_address(self, k: int | None = None) -> int:
+        """The address of the kernel's view of the index, made after a training and again when a query asks
+        for more neighbours than its scratch holds; its width set for queries of k neighbours."""
+        if self._ks is None or (k is not None and k > self._k):
+            self._make_view(max(k or 8, self._k))
+        if k is not None and self._ks.width != self._width(k):
+            self._ks.width = self._width(k)
+        return self._ks_address
+
+    def _width(self, k: int) -> int:
+        """Rows kept for the exact re-score of a query of k neighbours."""
+        return max(k, self.candidates_per_k * k)
+
+    @property
+    def candidates_per_k(self) -> int:
+        c = self.config
+        return c.candidates_per_k_large if self.nlist >= c.large_lists else c.candidates_per_k
+
+    def _make_view(self, k: int) -> None:
+        width = self._width(k)
+        self._work = (np.zeros(self.d + self.dims + self.nlist + width, np.float32),
+                      np.zeros(2 * self.nlist, np.int32), np.zeros(width, np.int64), np.zeros(self.dims, np.int16))
+        self._out_scores, self._out_rows = np.zeros(k, np.float32), np.zeros(k, np.int64)
+        self._out_address = (keyscan.address(self._out_scores), keyscan.address(self._out_rows))
+        self._count = np.zeros(1, np.int32)
+        self._count_address = keyscan.address(self._count)
+        a = keyscan.address
+        self._halves = (np.ascontiguousarray(self.proj_t, np.float16), np.ascontiguousarray(self.cent_t, np.float16))
+        assert all(x.flags.c_contiguous for x in (self.mean, self.scale, *self._halves))  # the kernel reads them flat
+        self._ks = keyscan.KeyScan(self.d, self.dims, self.nlist, self.nprobe, width, 0, a(self.mean),
+                                   a(self._halves[0]), a(self.scale), a(self._halves[1]), a(self.codes_ptr),
+                                   a(self.ids_ptr), a(self.groups_ptr), a(self.sizes), None, 0, 0,
+                                   *(a(w) for w in self._work))
+        self._ks_address = ctypes.addressof(self._ks)
+        self._k, self._bound = k, None
+
+    def nearest_reference(self, state: np.ndarray, k: int, matrix, row_base: int, n: int,
+                          excluded: int) -> tuple[np.ndarray, np.ndarray]:
+        """`nearest` in numpy (keyscan.c's steps, its ties and its arithmetic)."""
+        if k <= 0 or n <= 0:
+            return np.zeros(0, np.float32), np.zeros(0, np.int64)
+        matrix = matrix.numpy() if hasattr(matrix, "numpy") else matrix
+        q = _unit_rows(np.asarray(state, np.float32).reshape(1, -1))[0]
+        p = _sums(q - self.mean, self.proj_t)
+        cs = _sums(p, self.cent_t)
+        order = np.argsort(-cs, kind="stable")
+        w = self.scale * p
+        wmax = np.float32(np.abs(w).max())
+        to_q = np.float32(32767) / wmax if wmax > 0 else np.float32(0)
+        wq = np.rint(w * to_q).astype(np.int32) if wmax > 0 else np.zeros(self.dims, np.int32)
+        visit = self.nprobe
+        while True:  # the nprobe best lists, then one more at a time while fewer than k rows are left
+            lists = order[:visit]
+            ids = np.concatenate([self.ids[li][: self.sizes[li]] for li in lists])
+            base = np.concatenate([np.full(self.sizes[li], cs[li], np.float32) for li in lists])
+            codes = np.concatenate([self.codes[li][: self.sizes[li]] for li in lists])
+            local = ids - row_base
+            ok = (local >= 0) & (local < n)
+            ok &= np.concatenate([self.groups[li][: self.sizes[li]] for li in lists]) != excluded
+            if ok.sum() >= k or visit >= self.nlist:
+                break
+            visit += 1
+        ids, codes, local, base = ids[ok], codes[ok], local[ok], base[ok]
+        residual = (codes.astype(np.int32) @ wq).astype(np.float32) / to_q if wmax > 0 else np.float32(0)
+        approx = base + residual
+        kept = local[np.lexsort((ids, -approx))[: self._width(k)]]
+        exact = (matrix[kept].astype(np.float64) @ q.astype(np.float64)).astype(np.float32)
+        top = np.lexsort((kept, -exact))[:k]
+        return exact[top], kept[top]
 
     def bytes_per_state(self) -> float:
-        return float(self.dims) + 8.0  # the projected row (8-bit codes) and its int64 id
+        return self.config.bytes_per_state(self.d)
+
+
+def _sums(x: np.ndarray, m: np.ndarray) -> np.ndarray:
+    """x @ m (x [d] or [r, d] float32, m [d, c]) as keyscan.c sums it: each product rounded, then added in
+    index order (an add.accumulate is sequential, where BLAS blocks and fuses)."""
+    products = x[..., :, None] * m
+    return np.add.accumulate(products, axis=-2, dtype=np.float32)[..., -1, :]
+
+
+def _unit_rows(x: np.ndarray) -> np.ndarray:
+    """Rows over their L2 norm as keyscan.c scales them: the norm a double sum, its inverse rounded to float32
+    once (zero rows stay zero)."""
+    norms = np.sqrt(np.square(x.astype(np.float64)).sum(axis=-1, keepdims=True))
+    inverse = np.divide(1.0, norms, out=np.zeros_like(norms), where=norms > 0).astype(np.float32)
+    return (x * inverse).astype(np.float32)
 
 
 def _take(rows, index: np.ndarray):

@@ -47,16 +47,17 @@ class Draft:
         Returns the number of new nodes (cost = |chain| - longest prefix already present, capped
         by the budget). Nodes walked through are credited to `source` as well.
         """
+        children, sources, tokens = self._children, self.sources, self.tokens  # this loop runs on every pass
         node, added = attach, 0
         for tok in chain:
-            nxt = self._children.get((node, int(tok)))
+            nxt = children.get((node, tok))  # a numpy integer hashes and compares as its int
             if nxt is None:
-                if len(self.tokens) >= budget:
+                if len(tokens) >= budget:
                     break
                 nxt = self.add_node(node, tok, source)
                 added += 1
             else:
-                self.sources[nxt].add(source)
+                sources[nxt].add(source)
             node = nxt
         return added
 

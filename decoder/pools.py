@@ -210,7 +210,7 @@ def merge_stats(stats: list[dict]) -> dict | None:
 
 def index_summary(stats: dict | None, spec: IndexSpec | str) -> dict:
     """summary.json's index block for an arm: the spec, what answered at the end (`active_index`: auto's
-    phase, e.g. auto:pca128,ivf256,sq8,nprobe=4,rerank=4k), bytes per state, warm-up queries, knn_recall."""
+    phase, e.g. auto:pca128,ivf256,sq8,nprobe=4,rerank=3k), bytes per state, warm-up queries, knn_recall."""
     has_states = bool(stats) and "bytes_per_state" in stats and bool(stats.get("pool_states"))
     recall = None
     if has_states and stats.get("knn_recall_queries"):

@@ -414,7 +414,7 @@ def test_replay_index_and_budget_summary(story_store, tmp_path):
     assert mb["store_budget"]["bytes_per_token"] == per_token
     assert mb["store_budget_tokens"] == int(0.01 * 2 ** 20 / per_token)
     mb = run_replay(ReplayConfig(arms=("suffix",), store_budget="0.01MB", **cfg))[("suffix", 60)]
-    per_token = 2 * 64 + 64 + 8 + 20  # auto: the float16 state and the pruner's 8-bit row (d < 256: unprojected) and id
+    per_token = 2 * 64 + 64 + 12 + 20  # auto: the float16 state, the pruner's 8-bit row (d < 256: unprojected), id, group
     assert mb["store_budget"]["bytes_per_token"] == per_token
 
 

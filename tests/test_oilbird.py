@@ -416,7 +416,8 @@ def test_self_calibration_window_threshold_recovery():
 
 
 def test_drafter_feeds_self_calibration():
-    drafter, prompt = _frame_drafter(calib_window=2, calib_min_hit_rate=0.5, calib_cooldown=5)
+    drafter, prompt = _frame_drafter(calib_window=2, calib_min_hit_rate=0.5, calib_cooldown=5,
+                                     key_floor=0.0)  # its answers (cosine 0.85) stay below the default floor
     for _ in range(2):
         drafter.h_t = mix(basis(16, 4), basis(16, 15), 0.85)
         draft = drafter.propose(prompt, 60)
@@ -427,6 +428,17 @@ def test_drafter_feeds_self_calibration():
     drafter.h_t = basis(16, 1)
     drafter.propose(prompt, 60)
     assert drafter.tally["key_queries"] == 2 and drafter.calibration.skipped == 1
+
+
+def test_a_far_answer_quiets_the_key_for_a_few_passes():
+    drafter, prompt = _frame_drafter(key_floor=0.88, key_floor_skip=3)
+    queries = []
+    for h in [mix(basis(16, 4), basis(16, 15), 0.85)] + [basis(16, 1)] * 4:  # cosine 0.85, then 1.0
+        drafter.h_t = h
+        drafter.propose(prompt, 60)
+        queries.append(drafter.tally["key_queries"])
+    assert queries == [1, 1, 1, 1, 2]  # the far answer skips the next three passes
+    assert drafter.counters()["floor_skipped"] == 3
 
 
 # ------------------------------------------------------------------ every arm through the protocol

@@ -56,7 +56,7 @@ def test_small_pool_is_the_exact_key():
     traffic = _traffic(n_traces=8)  # 192 states < prune_from
     _fill(auto, traffic)
     _fill(exact, traffic)
-    assert auto.pruner is None or auto.pruner.index is None
+    assert auto.pruner is None or not auto.pruner.trained
     assert auto.active_index == "auto:exact"
     for h in (("prompt", 1), None):
         auto.exclude(h)
@@ -71,7 +71,7 @@ def test_pruned_pool_scores_exactly_and_finds_the_neighbours():
     pool = SemanticPool("auto", recall_every=1, pruner=SMALL)
     traffic = _traffic()
     _fill(pool, traffic)
-    assert pool.n == 60 * 24 and pool.pruner.index is not None and pool.active_index.startswith("auto:ivf")
+    assert pool.n == 60 * 24 and pool.pruner.trained and pool.active_index.startswith("auto:ivf")
     pool.exclude(("prompt", 2))
     rng = np.random.default_rng(1)
     hits = total = 0
@@ -90,12 +90,12 @@ def test_pruned_pool_scores_exactly_and_finds_the_neighbours():
     assert pool.pruned_queries == 60 and pool.recall_queries == 60  # the shadow repeats every pruned query
     info = pool.index_info()
     assert info["active_index"] == pool.active_index and info["index_trainings"] >= 1
-    assert info["bytes_per_state"] == 2 * D + D + 8  # float16 row + the pruner's 8-bit row (d < 256) + id
+    assert info["bytes_per_state"] == 2 * D + D + 12  # float16 row + the pruner's 8-bit row (d < 256), id, group
 
 
 def test_a_large_excluded_group_widens_the_search():
-    """The visited list holds only the served prompt's rows: the pruner's answer is filtered empty, and the
-    search widens (more rows, then more lists) until it has k rows of other prompts, exactly scored."""
+    """The nearest list holds only the served prompt's rows: the scan skips them all, and the search widens
+    (one more list at a time) until it has k rows of other prompts, exactly scored."""
     rng = np.random.default_rng(3)
     pool = SemanticPool("auto", pruner=PrunerConfig(prune_from=256, min_lists=8, nprobe_min=1, train_per_list=40))
     target = unit(rng.normal(size=D)).reshape(-1)
@@ -104,14 +104,16 @@ def test_a_large_excluded_group_widens_the_search():
     for t in range(10):  # the rest in clusters elsewhere
         centre = rng.normal(size=D)
         pool.add_trace(list(range(20)), (centre + 0.05 * rng.normal(size=(20, D))).astype(np.float32), ("other", t))
-    assert pool.pruner.index is not None and pool.pruner.nprobe == 1
-    first = pool.pruner.candidates(target, pool.n) - pool.row_base  # one list visited, every row asked for
-    first = first[first >= 0]
-    assert len(first) < pool.n and (pool.row_group[first] == pool.group("served")).all()
+    pr = pool.pruner
+    assert pr.trained and pr.nprobe == 1
+    nearest_list = int(np.argmax(((target - pr.mean) @ pr.proj_t) @ pr.cent_t))
+    filed = pr.groups[nearest_list][: pr.sizes[nearest_list]]
+    assert len(filed) >= 8 and (filed == pool.group("served")).all()  # the one list visited holds the served rows
     pool.exclude("served")
-    s, rows = pool.query(target, 8)
-    assert len(rows) == 8 and (pool.row_group[rows] != pool.group("served")).all()
-    np.testing.assert_allclose(s, pool.matrix[rows].float().numpy() @ target, atol=1e-5)
+    for s, rows in (pool.query(target, 8), pr.nearest_reference(target, 8, pool.matrix, pool.row_base, pool.n,
+                                                                 pool._excluded_group)):
+        assert len(rows) == 8 and (pool.row_group[rows] != pool.group("served")).all()
+        np.testing.assert_allclose(s, pool.matrix[rows].float().numpy() @ target, atol=1e-5)
 
 
 def test_retraining_as_the_pool_grows_and_eviction_by_id():
@@ -127,7 +129,8 @@ def test_retraining_as_the_pool_grows_and_eviction_by_id():
     second = next(i for i, t in enumerate(trainings) if t == 2)
     assert (second + 1) * 24 >= 4 * (first + 1) * 24 > second * 24
     pool.evict_traces(50)
-    assert pool.n == 70 * 24 and pool.row_base == 50 * 24 and pool.pruner.index.ntotal == pool.n
+    assert pool.n == 70 * 24 and pool.row_base == 50 * 24 and pool.pruner.ntotal == pool.n
+    assert min(ids[: n].min() for ids, n in zip(pool.pruner.ids, pool.pruner.sizes) if n) >= pool.row_base
     pool.exclude(None)
     for tokens, states, h in traffic[60:70]:
         s, rows = pool.query(states[5], 4)
@@ -171,9 +174,9 @@ def test_census_refuses_the_serving_index():
 
 
 def test_one_query_runs_on_one_faiss_thread_and_the_setting_comes_back():
-    """A single query's faiss search runs on one OpenMP thread (a team of two waits at barriers when
-    another process holds a core: 5-13 ms a query instead of 0.06); the process's setting is restored,
-    and the candidates are the ones the full team finds."""
+    """A single faiss query (a faiss spec's StateIndex) runs on one OpenMP thread (a team of two waits at
+    barriers when another process holds a core: 5-13 ms a query instead of 0.06); the process's setting is
+    restored."""
     faiss = pytest.importorskip("faiss")
     from data.stateindex import one_faiss_thread
 
@@ -183,20 +186,24 @@ def test_one_query_runs_on_one_faiss_thread_and_the_setting_comes_back():
         with one_faiss_thread(faiss):
             assert faiss.omp_get_max_threads() == 1
         assert faiss.omp_get_max_threads() == 2
-        pool = SemanticPool("auto", pruner=SMALL)
-        traffic = _traffic()
-        _fill(pool, traffic)
-        q = unit_vector(traffic[3][1][5])
-        seen = []
-        real = faiss.omp_set_num_threads
-        faiss.omp_set_num_threads = lambda n: (seen.append(n), real(n))[1]
-        try:
-            labels = pool.pruner.candidates(q, 32)
-        finally:
-            faiss.omp_set_num_threads = real
-        assert seen == [1, 2] and faiss.omp_get_max_threads() == 2
-        team = np.empty((1, 32), np.float32), np.empty((1, 32), np.int64)
-        pool.pruner.index.search_c(1, faiss.swig_ptr(q), 32, faiss.swig_ptr(team[0]), faiss.swig_ptr(team[1]))
-        np.testing.assert_array_equal(labels, team[1][0])
     finally:
         faiss.omp_set_num_threads(before)
+
+
+def test_request_patience_skips_after_a_far_answer():
+    p = RequestPatience(patience=8, probe_every=4, floor=0.88, floor_skip=3)
+    allowed = []
+    for best in [0.95, 0.5, None, None, None, 0.99, 0.87, None, None, None, 0.9]:
+        allowed.append(p.allow())
+        if allowed[-1]:
+            p.answered(best)
+        p.record(False)
+    # a far answer (0.5, 0.87) skips the next three passes; a near one (0.95, 0.99, 0.9) none
+    assert allowed == [True, True, False, False, False, True, True, False, False, False, True]
+    assert p.floor_skipped == 6 == p.skipped
+    p.answered(0.1)
+    p.begin()
+    assert p.allow()  # a new request starts fresh
+    always = RequestPatience(patience=0, floor=0.88, floor_skip=3)
+    always.answered(0.1)
+    assert always.allow()  # patience 0: every pass queries, the floor is off too

@@ -7,9 +7,11 @@ One step, as deployed (every default is an `OilbirdConfig` field):
   2. lexical   - `build_lexical` (spine, top-3 branches, adjacency) with budget - B_ret nodes
                  (B_ret = `retrieval_budget` = 16 of 60);
   3. key       - s_i = cos(h_t, h_i) over the pool, E_t = top-k (k = 8), asked unless the request
-                 has gone 8 passes without a key hit (then every 4th pass: `RequestPatience`) or
-                 self-calibration mutes it; fires when max s >= theta (0.8); each neighbour, by decreasing s, gives
-                 the chain x[i+2 : i+2+D(s)] (see `semantic.py`), chains >= 2 tokens, deduplicated;
+                 has gone 8 passes without a key hit (then every 4th pass) or its last answer was below
+                 cosine 0.88 (then it skips 3 passes: `RequestPatience`), or self-calibration mutes it;
+                 fires when max s >= theta (0.8); each neighbour, by decreasing s, gives the chain
+                 x[i+2 : i+2+D(s)] (see `semantic.py`), chains >= 2 tokens, deduplicated (the query
+                 and the chains: one compiled call on a pruned pool, `SemanticPool.key`);
   4. candidates- then the automaton's top-3 branches (<= 32 tokens) and up to 4 rejected-branch
                  rollouts (anchor token equal, cos >= 0.8);
   5. merge     - every candidate re-walks the tree from the root (a token already there is walked
@@ -104,8 +106,8 @@ from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_match
 from decoder.drafters.keygate import RequestPatience, SelfCalibration
 from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
-from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SemanticPool, copy_depth,
-                                       ngram_continuation, rejected_records, semantic_chains)
+from decoder.drafters.semantic import (DEPTH_SCHEDULE, RANK_DEPTHS, RejectedPool, SemanticPool, ngram_continuation,
+                                       rejected_records)
 
 SEMANTIC, ROLLOUT, POOL, ROOT_BRANCH = "semantic", "rollout", "pool", "root"
 HOSTS = ("lexical", "pld", "recycling", "toolspec", "none")
@@ -151,6 +153,8 @@ class OilbirdConfig:
     calib_cooldown: int = 64  # passes a muted key skips before it returns
     key_patience: int = 8  # passes without a hit, inside a request, before the key goes quiet (keygate.RequestPatience)
     key_probe_every: int = 4  # a quiet key is still queried every this many passes; key_patience 0 = always query
+    key_floor: float = 0.88  # an answer whose best cosine is below this makes the key skip the next key_floor_skip
+    key_floor_skip: int = 3  # passes (keygate.RequestPatience; off with key_patience 0)
     index: str = DEFAULT_INDEX  # the key's index (data/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
     key_device: str = "cpu"  # where the key's states live and its queries run (cuda: the model's GPU)
     index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
@@ -263,7 +267,7 @@ class OilbirdDrafter(Drafter):
         self.pool = SemanticPool(c.index, c.knn_recall_every, c.index_train_size or None, c.key_device)
         self.ring = RejectedPool(c.ring_size if c.rollouts > 0 else 0)
         self.calibration = SelfCalibration(c.calib_window, c.calib_min_hit_rate, c.calib_cooldown)
-        self.patience = RequestPatience(c.key_patience, c.key_probe_every)
+        self.patience = RequestPatience(c.key_patience, c.key_probe_every, c.key_floor, c.key_floor_skip)
         self.h_t: np.ndarray | None = None  # the query state: what the last verification left
         self._first_state: np.ndarray | None = None  # this request's first state (the prompt's last token)
         self._prompt_hash: Hashable | None = None
@@ -327,14 +331,14 @@ class OilbirdDrafter(Drafter):
         """This request's state (contract: decoder/draft.py), so that another request can run between
         two of its passes; the pools, the adjacency table, the ring buffer and self-calibration are shared."""
         return {"fields": {f: getattr(self, f) for f in self.REQUEST_FIELDS},
-                "patience": (self.patience.since_hit, self.patience.quiet_for),
+                "patience": self.patience.suspend(),
                 "index": self.index.suspend_request() if self.index is not None else None,
                 "toolspec": self.toolspec.suspend_request() if self.toolspec is not None else None}
 
     def resume_request(self, saved: dict) -> None:
         for f, v in saved["fields"].items():
             setattr(self, f, v)
-        self.patience.since_hit, self.patience.quiet_for = saved["patience"]
+        self.patience.resume(saved["patience"])
         if self.index is not None:
             self.index.resume_request(saved["index"])
         if self.toolspec is not None:
@@ -374,17 +378,12 @@ class OilbirdDrafter(Drafter):
         if c.key_level == "request":
             chains = self._request_key_chains(context)
         else:
-            scores, rows = self.pool.query(self.h_t, c.k)
-            chains = []
-            if len(scores) and scores[0] >= c.theta:
-                self.tally["key_fired"] += 1
-                if c.rank_depths is not None:
-                    depths = c.rank_depths
-                    depth = lambda s, r: depths[r] if r < len(depths) else 0  # noqa: E731
-                else:
-                    depth = lambda s, r: copy_depth(s, c.depth_schedule)  # noqa: E731
-                chains = semantic_chains(scores, self.pool.row_flat[rows], self.pool.row_end[rows], self.pool.tokens,
-                                         depth, c.offset, c.min_chain)
+            scores, _, fired = self.pool.key(self.h_t, c.k, c.theta, c.depth_schedule, c.rank_depths, c.offset,
+                                             c.min_chain)
+            if len(scores):  # an empty pool (or one holding only this prompt's traces) says nothing of distance
+                self.patience.answered(float(scores[0]))
+            self.tally["key_fired"] += fired is not None
+            chains = fired or []
         self.tally["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
         self.tally["key_chains"] += len(chains)
         return chains
@@ -491,11 +490,11 @@ class OilbirdDrafter(Drafter):
     def _merge(self, draft: Draft, candidates: list[tuple[Chain, str]], cap: int) -> None:
         """Merge the candidates into `draft` up to `cap` nodes, noting the nodes the key bought."""
         root = frozenset({SEMANTIC, ROLLOUT}) if self.config.attach == "root" else frozenset()
-        for (chain, source) in candidates:
-            before = len(draft)
-            merge_candidates(draft, [(chain, source)], cap, root)
-            if source == SEMANTIC:
-                self._bought.update(range(before, len(draft)))
+        node = len(draft)
+        for (_, source), cost in zip(candidates, merge_candidates(draft, candidates, cap, root)):
+            if source == SEMANTIC and cost:  # a candidate's new nodes are appended together, in order
+                self._bought.update(range(node, node + cost))
+            node += cost
         self.tally["key_nodes"] += len(self._bought)
 
     def _one_source(self, context: Sequence[int], budget: int, chains, match: int) -> Draft:
@@ -555,6 +554,7 @@ class OilbirdDrafter(Drafter):
             "calibration_mutes": self.calibration.mutes,
             "calibration_skipped": self.calibration.skipped,
             "patience_skipped": self.patience.skipped,
+            "floor_skipped": self.patience.floor_skipped,
             "patience_probes": self.patience.probes,
             "pool_tokens": n_tok,
             "pool_states": self.pool.n,

@@ -80,7 +80,8 @@ class AutomatonIndex:
             self.pool.extend(int(t), group)
         self._spans.setdefault(group, []).append((start, len(self.pool.text)))
         self._traces.append((prompt_hash, start, len(self.pool.text)))
-        if group == self.excluded:
+        # a trace of the request being served (its prompt hash may be new to the pool: no group was excluded yet)
+        if group == self.excluded or (prompt_hash is not None and prompt_hash == self._excluded_hash):
             self._exclude(group)
         self._pool_stale = True
         self.version += 1

@@ -25,12 +25,14 @@ When the key is asked at all is decoder/drafters/keygate.py's (self-calibration,
 
 from __future__ import annotations
 
+import ctypes
 import importlib.util
 from typing import Callable, Hashable, Sequence
 
 import numpy as np
 import torch
 
+from data import keyscan
 from data.knnrecall import recall_hits
 from data.pruner import IvfPruner, PrunerConfig
 from data.stateindex import DEFAULT_INDEX, parse_index_spec, unit, unit_vector
@@ -156,6 +158,8 @@ class SemanticPool:
         self.pruned_queries = 0
         self.recall_queries = self.recall_hits = self.recall_total = self.recall_k = 0
         self.shadow_s = 0.0
+        self._chain_args: list | None = None  # `chains`' settings for the kernel (`_chain_spec`)
+        self._chain_out: tuple = ()  # its output buffers: the chains back to back [m * max_len], lengths [m]
 
     @property
     def keeps_matrix(self) -> bool:
@@ -224,9 +228,11 @@ class SemanticPool:
         if self.pruner is None:
             self.pruner = IvfPruner(self.d, self.pruner_config)
         if self.pruner.due(self.n):
-            self.pruner.train(self.matrix[: self.n], np.arange(self.row_base, self.row_base + self.n, dtype=np.int64))
-        elif self.pruner.index is not None:
-            self.pruner.add(self.matrix[r0:r1], np.arange(self.row_base + r0, self.row_base + r1, dtype=np.int64))
+            self.pruner.train(self.matrix[: self.n], np.arange(self.row_base, self.row_base + self.n, dtype=np.int64),
+                              self.row_group[: self.n])
+        elif self.pruner.trained:
+            self.pruner.add(self.matrix[r0:r1], np.arange(self.row_base + r0, self.row_base + r1, dtype=np.int64),
+                            self.row_group[r0:r1])
 
     def exclude(self, prompt_hash: Hashable | None) -> None:
         """Mask the traces of this prompt out of every query until the next call."""
@@ -239,8 +245,8 @@ class SemanticPool:
     def active_index(self) -> str:
         """The structure answering queries at the pool's present size (a spec, data/stateindex.py)."""
         if self.spec.auto:
-            if self.pruner is not None and self.pruner.index is not None:
-                return f"auto:{self.pruner.spec},rerank={self.pruner_config.candidates_per_k}k"
+            if self.pruner is not None and self.pruner.trained:
+                return f"auto:{self.pruner.spec}"
             return "auto:exact" + ("" if self.device.type == "cpu" else f"@{self.device.type}")
         return self.spec.text
 
@@ -250,16 +256,38 @@ class SemanticPool:
             return np.zeros(0, np.float32), np.zeros(0, np.int64)
         if self.index is not None:
             s, rows, inexact = self._faiss_query(state, k)
-        elif self.pruner is not None and self.pruner.index is not None:
+        elif self.pruner is not None and self.pruner.trained:
             s, rows = self._pruned_query(state, k)
             inexact = True
         else:
             return self.exact_query(state, k)
         if inexact:
-            self.queries += 1
-            if self.recall_every and (self.queries - 1) % self.recall_every == 0:
-                self._shadow(state, k, rows)
+            self._sample_recall(state, k, rows)
         return s, rows
+
+    def key(self, state: np.ndarray, k: int, theta: float, schedule: Sequence[tuple[float, int]] = DEPTH_SCHEDULE,
+            rank_depths: Sequence[int] | None = None, offset: int = 2,
+            min_len: int = 2) -> tuple[np.ndarray, np.ndarray, list[Chain] | None]:
+        """The key's pass: `query`, then, when the best similarity reaches theta, `chains` of the neighbours
+        (None when it did not fire). A pruned pool with the kernel built does both in one kernel call."""
+        if self.n and k > 0 and self.index is None and self.pruner is not None and self.pruner.trained \
+                and keyscan.library() is not None:
+            self.pruned_queries += 1
+            spec = self._chain_spec(schedule, rank_depths, offset, min_len, k)
+            s, rows, count = self.pruner.nearest_with_chains(state, k, self.matrix, self.row_base, self.n,
+                                                             self._excluded_group, spec, theta)
+            self._sample_recall(state, k, rows)
+            return s, rows, self._chain_lists(count) if count >= 0 else None
+        s, rows = self.query(state, k)
+        if not len(s) or s[0] < theta:
+            return s, rows, None
+        return s, rows, self.chains(s, rows, schedule, rank_depths, offset, min_len)
+
+    def _sample_recall(self, state: np.ndarray, k: int, rows: np.ndarray) -> None:
+        """An inexact answer: every `recall_every`-th one is repeated exactly (`_shadow`)."""
+        self.queries += 1
+        if self.recall_every and (self.queries - 1) % self.recall_every == 0:
+            self._shadow(state, k, rows)
 
     def _faiss_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray, bool]:
         base = self.row_base
@@ -269,34 +297,62 @@ class SemanticPool:
         return scores[0][keep].astype(np.float32), ids[0][keep] - base, self.index.trained
 
     def _pruned_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The auto index past prune_from: the pruner's candidates, re-scored exactly, excluded rows dropped."""
+        """The auto index past prune_from: the pruner's listed rows re-scored exactly, excluded rows never
+        listed (one compiled call, data/keyscan.c)."""
         self.pruned_queries += 1
-        q = unit_vector(state)
-        width, nprobe = k * self.pruner_config.candidates_per_k, self.pruner.nprobe
-        while True:
-            labels = self.pruner.candidates(q, width, nprobe)  # global ids, -1 padded
-            cand = labels[labels >= 0]
-            full = len(cand) == width
-            if self.row_base:
-                cand -= self.row_base
-            if self._excluded_group >= 0:
-                cand = cand[self.row_group[cand] != self._excluded_group]
-            if len(cand) >= k:
-                break
-            # filtered short by the served prompt's rows: ask for more rows, or visit more lists when the
-            # visited ones ran out, until every row has been seen
-            if full and width < self.n:
-                width = min(self.n, width * 4)
-            elif nprobe < self.pruner.nlist:
-                nprobe = min(self.pruner.nlist, nprobe * 4)
+        return self.pruner.nearest(state, k, self.matrix, self.row_base, self.n, self._excluded_group)
+
+    def chains(self, scores: np.ndarray, rows: np.ndarray, schedule: Sequence[tuple[float, int]] = DEPTH_SCHEDULE,
+               rank_depths: Sequence[int] | None = None, offset: int = 2, min_len: int = 2) -> list[Chain]:
+        """`semantic_chains` of the query's neighbours (`rows`, decreasing `scores`), depth D(s) by `schedule`
+        or by rank (`rank_depths`): data/keyscan.c's `keyscan_chains` in one call, else the Python function."""
+        lib = keyscan.library()
+        if lib is None or not len(rows):
+            if rank_depths is not None:
+                depth = lambda s, r: rank_depths[r] if r < len(rank_depths) else 0  # noqa: E731
             else:
-                break
-        if not len(cand):
-            return np.zeros(0, np.float32), np.zeros(0, np.int64)
-        # the candidates' float16 rows, gathered by numpy and widened by torch (numpy's float16 casts are slow)
-        s = torch.from_numpy(self.matrix.numpy()[cand]).float().numpy() @ q
-        top = np.argsort(-s, kind="stable")[:k]
-        return s[top], cand[top]
+                depth = lambda s, r: copy_depth(s, schedule)  # noqa: E731
+            return semantic_chains(scores, self.row_flat[rows], self.row_end[rows], self.tokens, depth, offset, min_len)
+        spec = self._chain_spec(schedule, rank_depths, offset, min_len, len(rows))
+        a = keyscan.address
+        count = lib.keyscan_chains(spec, a(np.ascontiguousarray(scores, np.float32)),
+                                   a(np.ascontiguousarray(rows, np.int64)), len(rows))
+        return self._chain_lists(count)
+
+    def _chain_lists(self, count: int) -> list[Chain]:
+        """The kernel's first `count` chains (back to back in its buffer) as lists."""
+        if count <= 0:
+            return []
+        out, lens = self._chain_out
+        lens = lens[:count].tolist()
+        flat, chains, at = out[: sum(lens)].tolist(), [], 0
+        for n in lens:
+            chains.append(flat[at : at + n])
+            at += n
+        return chains
+
+    def _chain_spec(self, schedule, rank_depths, offset: int, min_len: int, m: int) -> int:
+        """The address of the kernel's `ChainSpec` for these settings and up to m neighbours, pointing at the
+        pool's arrays as they are now (they are replaced when they grow)."""
+        key = (tuple(schedule), tuple(rank_depths) if rank_depths is not None else None, offset, min_len)
+        held = self._chain_args
+        if held is None or held[0] != key or len(self._chain_out[1]) < m:
+            thresholds = np.array([t for t, _ in schedule], np.float64)
+            depths = np.array([d for _, d in schedule], np.int32)
+            ranks = np.array(rank_depths if rank_depths is not None else [], np.int32)
+            max_len = max([1, *depths.tolist(), *ranks.tolist()])
+            self._chain_out = (np.zeros(max(m, 8) * max_len, np.int32), np.zeros(max(m, 8), np.int32))
+            a = keyscan.address
+            spec = keyscan.ChainSpec(a(thresholds), a(depths), len(depths), len(ranks), a(ranks), offset, min_len,
+                                     max_len, 0, None, None, None, a(self._chain_out[0]), a(self._chain_out[1]))
+            held = self._chain_args = [key, spec, ctypes.addressof(spec), (thresholds, depths, ranks), ()]
+        bound = held[4]
+        if not bound or bound[0] is not self.row_flat or bound[1] is not self.row_end or bound[2] is not self.tokens:
+            spec = held[1]
+            spec.row_flat, spec.row_end, spec.tokens = (keyscan.address(x) for x in (self.row_flat, self.row_end,
+                                                                                  self.tokens))
+            held[4] = (self.row_flat, self.row_end, self.tokens)
+        return held[2]
 
     def exact_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Every row scored (the float16 matrix, on its device): the exact key, and the reference the
@@ -381,7 +437,7 @@ class SemanticPool:
         if self.d is None:
             return None
         if self.index is None:
-            pruned = self.pruner.bytes_per_state() if self.pruner is not None and self.pruner.index is not None else 0.0
+            pruned = self.pruner.bytes_per_state() if self.pruner is not None and self.pruner.trained else 0.0
             return 2.0 * self.d + pruned
         return float(self.index.bytes_per_state()) if self.n else None
 
