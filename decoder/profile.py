@@ -54,6 +54,7 @@ class ProfileConfig:
     out: str = "runs"  # runs root
     file: str | None = None  # output path; default runs/profiles/<model>-<device>[-vllm].json
     engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm_profile.py: a vLLM step)
+    batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
 
@@ -335,6 +336,10 @@ def format_profile(d: dict) -> str:
              head, "-" * len(head)]
     for L, row in zip(d["contexts"], d["verify_s"]):
         lines.append(f"{L:>8} | " + " ".join(f"{1e3 * s:>7.2f}" for s in row))
+    for b, grid in (d.get("verify_s_by_batch") or {}).items():
+        lines.append(f"a step of {b} requests, ms (rows: contexts, columns: nodes per request)")
+        for L, row in zip(d["contexts"], grid):
+            lines.append(f"{L:>8} | " + " ".join(f"{1e3 * s:>7.2f}" for s in row))
     lines.append("prefill, ms: " + ", ".join(f"{p} tok {1e3 * s:.1f}" for p, s in zip(d["prefill_lengths"], d["prefill_s"])))
     return "\n".join(lines)
 
@@ -374,6 +379,10 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         raise OilbirdError(f"--reps must be at least 1 (got {cfg.reps})")
     if cfg.engine not in ("harness", "vllm"):
         raise OilbirdError(f"--engine must be harness or vllm (got {cfg.engine!r})")
+    if min(cfg.batch_sizes) < 1:
+        raise OilbirdError(f"--batch-sizes must be 1 or more (got {min(cfg.batch_sizes)})")
+    if max(cfg.batch_sizes) > 1 and cfg.engine != "vllm":
+        raise OilbirdError("--batch-sizes above 1 needs --engine vllm (the harness verifies one request a pass)")
     if cfg.engine == "vllm":
         from data.vllm_engine import require_vllm
 
@@ -390,7 +399,8 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
 
         dtype = str(lm.dtype).removeprefix("torch.")
         model_dir, lm.model = lm.path, None  # vLLM loads its own copy; this one is not needed any more
-        d = measure_vllm_profile(model_dir, lm.name, lm.fingerprint, clipped, cfg.nodes, cfg.reps, dtype, cfg.seed)
+        d = measure_vllm_profile(model_dir, lm.name, lm.fingerprint, clipped, cfg.nodes, cfg.reps, dtype, cfg.seed,
+                                 batch_sizes=cfg.batch_sizes)
     else:
         d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
     path = Path(cfg.file) if cfg.file else profile_path(cfg.out, lm.slug, lm.device.type, cfg.engine)
@@ -422,6 +432,9 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--engine", choices=("harness", "vllm"), default="harness",
                    help="harness (default: one verify_tree forward) or vllm (one vLLM engine step; "
                         "decoder/vllm_profile.py; written as <model>-<device>-vllm.json)")
+    p.add_argument("--batch-sizes", default="1", metavar="B,B",
+                   help="--engine vllm: also time steps of B requests together (verify_s_by_batch; replay prices "
+                        "batch 1, one stream; default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.if_missing:
@@ -436,7 +449,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
                         contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
                         nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
-                        progress=not args.quiet, engine=args.engine)
+                        progress=not args.quiet, engine=args.engine,
+                        batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")))
     d, path = run_profile(cfg)
     print(format_profile(d))
     print(f"written: {path}")

@@ -283,15 +283,25 @@ def test_the_verification_profile_measured_in_vllm(tiny_llama64, tmp_path):
 
     out = tmp_path / "p.json"
     r = subprocess.run([sys.executable, "-m", "decoder", "profile", "--engine", "vllm", "--model", tiny_llama64,
-                        "--contexts", "64,160", "--nodes", "0,2,8", "--reps", "2", "--file", str(out), "--quiet"],
-                       cwd=ROOT, capture_output=True, text=True, timeout=600)
+                        "--contexts", "64,160", "--nodes", "0,2,8", "--reps", "2", "--batch-sizes", "1,3",
+                        "--file", str(out), "--quiet"], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     d = json.loads(out.read_text())
     assert d["engine"] == "vllm" and d["nodes"] == [0, 2, 8] and d["contexts"] == [64, 160]
     assert np.array(d["verify_s"]).shape == (2, 3) and min(min(row) for row in d["verify_s"]) > 0
+    # the batch dimension: steps of 3 requests, each verifying its own draft of 0, 2 or 8 tokens
+    assert d["batch_sizes"] == [1, 3] and list(d["verify_s_by_batch"]) == ["3"]
+    assert np.array(d["verify_s_by_batch"]["3"]).shape == (2, 3) and min(min(r) for r in d["verify_s_by_batch"]["3"]) > 0
+    assert "a step of 3 requests" in r.stdout
     assert d["prefill_lengths"] == [64, 160] and min(d["prefill_s"]) > 0
     cost = CostModel.load(out, model_fingerprint=d["model_fingerprint"])
     assert cost.verify_s(2, 100) > 0 and cost.meta["engine"] == "vllm"
+
+
+def test_batch_sizes_need_the_vllm_engine():
+    r = subprocess.run([sys.executable, "-m", "decoder", "profile", "--model", "stories260k", "--batch-sizes", "1,4"],
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().splitlines()[-1].startswith("error: --batch-sizes above 1 needs")
 
 
 def test_a_bad_store_flush_is_one_line_before_any_model_loads(monkeypatch, tmp_path):
