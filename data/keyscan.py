@@ -145,11 +145,6 @@ def note_numpy_path() -> None:
           "numpy path", file=sys.stderr)
 
 
-def reset() -> None:
-    """Forget the loaded state (tests switch OILBIRD_KEYSCAN)."""
-    _state.clear()
-
-
 def address(a) -> int:
     """The data pointer of a numpy array or a torch tensor."""
     return a.data_ptr() if hasattr(a, "data_ptr") else a.__array_interface__["data"][0]
