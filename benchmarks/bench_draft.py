@@ -208,6 +208,8 @@ class KeyProbe:
 
     def __init__(self, drafter, sample: Reservoir | None) -> None:
         self.pool = drafter.pool
+        drafter.overlap = False  # the key inline (key_overlap off), through the `pool.key` timed here: these rows
+        #                          time the query itself; the whole-store block measures the overlap
         self.times: list[float] = []
         self.spans: dict[Hashable, list[tuple[int, int]]] = {}
         self.current: Hashable = None  # the prompt hash of the request being served

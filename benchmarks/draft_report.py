@@ -8,7 +8,7 @@ from typing import Sequence
 import numpy as np
 
 from decoder.policy import OFF_ARM, ON_ARM
-from draft_rounds import BEFORE_ARM
+from draft_rounds import BEFORE_ARM, INLINE_ARM
 
 
 def ms_distribution(seconds: Sequence[float]) -> dict:
@@ -61,6 +61,15 @@ def format_whole(block: dict) -> str:
         r = block["draft_ratio"]
         lines.append(f"  drafting {ON_ARM} / {OFF_ARM}: x{r['mean']['median']:.2f} by mean, x{r['median']['median']:.2f}"
                      " by median")
+    if "draft_ratio_inline" in block:
+        r = block["draft_ratio_inline"]
+        lines.append(f"  drafting {INLINE_ARM} / {OFF_ARM}: x{r['mean']['median']:.2f} by mean, "
+                     f"x{r['median']['median']:.2f} by median (the query inline, one core)")
+    if block.get("torch_threads") is not None:
+        worker = block.get("worker_ms_per_query")
+        overlap = "on" if block.get("key_overlap") else "off"
+        lines.append(f"  torch threads {block['torch_threads']}; key overlap {overlap}"
+                     + (f"; the worker answered in {worker:.3f} ms a query" if worker else ""))
     if "draft_speedup_vs_before" in block:
         lines.append(f"  drafting {BEFORE_ARM} / {ON_ARM}: x{block['draft_speedup_vs_before']['median']:.2f} "
                      f"by mean; tau {ON_ARM} / before: x{block['tau_vs_before']:.4f}")

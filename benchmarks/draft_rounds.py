@@ -1,10 +1,12 @@
 """`make bench-draft`'s whole-store part: the key on, off, and as it was, replayed over the whole store in
 rounds (arms interleaved, the order rotated each round), for the issue's two whole-store targets.
 
-Arms (decoder/drafters: one drafter, three settings):
-  oilbird               the key as it serves now (the decoder's default index, auto; RequestPatience)
+Arms (decoder/drafters: one drafter, four settings):
+  oilbird               the key as it serves now (the decoder's default index, auto; RequestPatience; the query on
+                        the kernel's worker thread while the lexical tree is built, key_overlap auto)
   oilbird-no-semantic   the key never asked
   BEFORE_ARM            the key as it was: exact float16 search over every row, asked on every pass
+  INLINE_ARM            oilbird with its query inline (key_overlap off: one core)
 Each round replays each arm over every request of the store (pool past, as `make census` does; the
 knn_recall shadow off, so no measurement-only work runs). Per arm and round: tau, drafting time per
 pass (mean and median over the passes), the key's queries. The figures are medians over the rounds,
@@ -26,7 +28,8 @@ from decoder.replay import replay_arm
 from decoder.traces import Trace
 
 BEFORE_ARM = "oilbird@index=exact:key_patience=0"  # the key before the serving-speed work: exact, every pass
-ARMS = (ON_ARM, OFF_ARM, BEFORE_ARM)
+INLINE_ARM = "oilbird@key_overlap=off"  # the key as served, its query inline (one core, no worker)
+ARMS = (ON_ARM, OFF_ARM, BEFORE_ARM, INLINE_ARM)
 
 
 def _median_range(values: Sequence[float]) -> dict:
@@ -61,6 +64,11 @@ def replay_rounds(traces: list[Trace], vocab: int, rounds: int, nodes: int = 60,
         out["draft_ratio"] = {
             "mean": _median_range([a["draft_ms_mean"] / b["draft_ms_mean"] for a, b in pairs]),
             "median": _median_range([a["draft_ms_median"] / b["draft_ms_median"] for a, b in pairs])}
+    if INLINE_ARM in per and OFF_ARM in per:
+        pairs = list(zip(per[INLINE_ARM], per[OFF_ARM]))
+        out["draft_ratio_inline"] = {
+            "mean": _median_range([a["draft_ms_mean"] / b["draft_ms_mean"] for a, b in pairs]),
+            "median": _median_range([a["draft_ms_median"] / b["draft_ms_median"] for a, b in pairs])}
     if ON_ARM in per and BEFORE_ARM in per:
         out["tau_vs_before"] = round(per[ON_ARM][0]["tau"] / per[BEFORE_ARM][0]["tau"], 5)
         pairs = list(zip(per[ON_ARM], per[BEFORE_ARM]))
@@ -75,12 +83,21 @@ def _whole_store_child(store: str, limit: int | None, rounds: int, nodes: int, v
     from data.store import open_store
     from decoder.traces import load_traces
 
-    if threads:
-        torch.set_num_threads(threads)
+    # drafting is one thread: one torch thread leaves the other core to the key's worker (key_overlap auto, which
+    # `spare_core` turns on only then); torch's second thread would spin on it after every pool append
+    torch.set_num_threads(threads or 1)
+    from data import keyscan
+    from decoder.drafters.oilbird import spare_core
+
     say = None if quiet else (lambda arm, r, x: print(  # noqa: E731
         f"  whole store, round {r + 1}: {arm}: tau {x['tau']:.3f}, draft {x['draft_ms_mean']:.3f} ms/pass (mean)",
         file=sys.stderr))
-    return replay_rounds(load_traces(open_store(store), limit, None), vocab, rounds, nodes, progress=say)
+    out = replay_rounds(load_traces(open_store(store), limit, None), vocab, rounds, nodes, progress=say)
+    worker = keyscan.worker_stats()
+    out.update(torch_threads=torch.get_num_threads(), key_overlap=spare_core(),
+               worker_ms_per_query=round(1e3 * worker["worker_s"] / worker["worker_queries"], 4)
+               if worker["worker_queries"] else None)
+    return out
 
 
 def whole_store(store, limit: int | None, rounds: int, nodes: int, vocab: int, threads: int | None = None,

@@ -13,12 +13,14 @@
  *      returned by (cosine desc, id asc), as local row numbers.
  * keyscan_chains: eq. (2)'s chains of those neighbours (decoder/drafters/semantic.py semantic_chains);
  * keyscan_key: both in one call (the drafter's key pass).
- * No allocation, no thread: one query is a few microseconds of work on one core.
+ * No allocation: one query is tens of microseconds of work on one core. keyscan_submit / keyscan_collect (at the
+ * end) run keyscan_key on a worker thread, so that the caller's own work overlaps it.
  *
  * Arithmetic the reference repeats exactly (so the tests compare candidate sets, not just recall): sums of
  * float32 products accumulate in index order, each product and each sum rounded (no FMA: built with
  * -ffp-contract=off, and the vector loops multiply then add); norms are double sums, the inverse rounded to
  * float32 once. Only the exact re-score (double sums, lanes in another order) differs, in its last bits. */
+#define _POSIX_C_SOURCE 200809L /* clock_gettime, getpid with -std=c11 */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -114,6 +116,24 @@ static int32_t dot_codes(const int8_t *c, const int16_t *w, int32_t dims) {
     for (; j < dims; j++) acc += (int32_t)c[j] * (int32_t)w[j];
     return acc;
 }
+
+#if KEYSCAN_SIMD
+/* dot_codes of 8 consecutive rows (dims a multiple of 16), the 8 sums in one vector; the horizontal adds are
+ * shared by the 8 rows (integer sums: any order gives dot_codes' values) */
+static __m256i dot_codes8(const int8_t *c, const int16_t *w, int32_t dims) {
+    __m256i a[8];
+    for (int32_t b = 0; b < 8; b++) a[b] = _mm256_setzero_si256();
+    for (int32_t j = 0; j < dims; j += 16) {
+        const __m256i wj = _mm256_loadu_si256((const __m256i *)(w + j));
+        for (int32_t b = 0; b < 8; b++)
+            a[b] = _mm256_add_epi32(a[b], _mm256_madd_epi16(
+                _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(c + (int64_t)b * dims + j))), wj));
+    }
+    const __m256i q0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[0], a[1]), _mm256_hadd_epi32(a[2], a[3]));
+    const __m256i q1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a[4], a[5]), _mm256_hadd_epi32(a[6], a[7]));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(q0, q1, 0x20), _mm256_permute2x128_si256(q0, q1, 0x31));
+}
+#endif
 
 /* (score desc, id asc): a is better than b */
 static int better(float sa, int64_t ia, float sb, int64_t ib) { return sa > sb || (sa == sb && ia < ib); }
@@ -223,6 +243,16 @@ void keyscan_encode(const KeyScan *ks, const uint16_t *rows, int64_t m, int32_t 
     }
 }
 
+/* a scanned row's approximate score s offered to the heap of the `width` best: rows outside the pool's local
+ * range or of the excluded prompt group never enter */
+static void consider(const KeyScan *ks, float *hs, int64_t *hi, int32_t *size, float s, int64_t id, int32_t group,
+                     int32_t excluded) {
+    if (*size == ks->width && !better(s, id, hs[0], hi[0])) return;
+    const int64_t local = id - ks->row_base;
+    if (local < 0 || local >= ks->n || group == excluded) return;
+    heap_push(hs, hi, size, ks->width, s, id);
+}
+
 /* list order: coarse desc, list number asc */
 static int list_before(const float *cs, int32_t a, int32_t b) { return cs[a] > cs[b] || (cs[a] == cs[b] && a < b); }
 
@@ -247,7 +277,7 @@ int64_t keyscan_query(const KeyScan *ks, const float *state, int32_t excluded, i
     const float to_q = wmax > 0.0f ? 32767.0f / wmax : 0.0f;
     for (int32_t j = 0; j < dims; j++) ks->wq[j] = (int16_t)lrintf((ks->scale[j] * p[j]) * to_q);
     /* the nprobe best lists by insertion; more, one at a time, only while fewer than k rows were kept */
-    int32_t width = ks->width, size = 0, nvisit = 0; /* the caller keeps k <= width */
+    int32_t size = 0, nvisit = 0; /* the caller keeps k <= ks->width */
     for (int32_t l = 0; l < nlist; l++) visited[l] = 0;
     for (;;) {
         int32_t want = nvisit < ks->nprobe ? ks->nprobe : nvisit + 1;
@@ -271,13 +301,29 @@ int64_t keyscan_query(const KeyScan *ks, const float *state, int32_t excluded, i
             const int32_t *groups = (const int32_t *)(intptr_t)ks->groups_ptr[l]; /* beside the codes: a random
                                                   lookup per heap candidate cost more than the scan itself */
             const float base = cs[l]; /* a row's code is its residual from its list's centroid */
-            for (int64_t r = 0; r < ks->sizes[l]; r++) {
-                float s = base + (to_q > 0.0f ? (float)dot_codes(codes + r * dims, ks->wq, dims) / to_q : 0.0f);
-                if (size == width && !better(s, ids[r], hs[0], hi[0])) continue;
-                int64_t local = ids[r] - ks->row_base;
-                if (local < 0 || local >= ks->n || groups[r] == excluded) continue;
-                heap_push(hs, hi, &size, width, s, ids[r]);
+            const int64_t rows = ks->sizes[l];
+            int64_t r = 0;
+#if KEYSCAN_SIMD
+            /* 8 rows at a time, the scalar loop's float steps on 8 lanes (the same values); a block none of whose
+             * scores reaches the heap's worst is passed over whole (the scan's integer work halves) */
+            if (to_q > 0.0f && dims % 16 == 0) {
+                const __m256 vbase = _mm256_set1_ps(base), vq = _mm256_set1_ps(to_q);
+                float s8[8];
+                for (; r + 8 <= rows; r += 8) {
+                    const __m256 v = _mm256_add_ps(vbase, _mm256_div_ps(_mm256_cvtepi32_ps(
+                        dot_codes8(codes + r * dims, ks->wq, dims)), vq));
+                    if (size == ks->width && !_mm256_movemask_ps(_mm256_cmp_ps(v, _mm256_set1_ps(hs[0]), _CMP_GE_OQ)))
+                        continue;
+                    _mm256_storeu_ps(s8, v);
+                    for (int32_t b = 0; b < 8; b++)
+                        consider(ks, hs, hi, &size, s8[b], ids[r + b], groups[r + b], excluded);
+                }
             }
+#endif
+            for (; r < rows; r++)
+                consider(ks, hs, hi, &size,
+                         base + (to_q > 0.0f ? (float)dot_codes(codes + r * dims, ks->wq, dims) / to_q : 0.0f),
+                         ids[r], groups[r], excluded);
         }
         if (size >= k || nvisit >= nlist) break;
     }
@@ -355,4 +401,138 @@ int64_t keyscan_key(const KeyScan *ks, const ChainSpec *cs, const float *state, 
     int64_t found = keyscan_query(ks, state, excluded, k, out_scores, out_rows);
     *n_chains = found > 0 && (double)out_scores[0] >= theta ? keyscan_chains(cs, out_scores, out_rows, (int32_t)found) : -1;
     return found;
+}
+
+/* The key's pass on a second core (data/pruner.py `submit_key` / `collect_key`): `keyscan_submit` hands
+ * keyscan_key's arguments to one worker thread per process and returns at once, so the drafter builds its
+ * lexical tree meanwhile; `keyscan_collect` waits for the answer. One job at a time: a submit while a job is
+ * out first waits for it (its answer is dropped). The worker sleeps on a condition variable between jobs (no
+ * core spent while idle); a process forked while it existed starts its own. The caller keeps every array the
+ * job reads alive and unchanged until the collect (`keyscan_drain` before changing them). */
+#include <pthread.h>
+#include <sched.h>
+#include <stdatomic.h>
+#include <time.h>
+#include <unistd.h>
+
+static struct {
+    pid_t pid;            /* the process that started the worker (0: none) */
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    atomic_int phase;     /* 0 idle, 1 submitted, 2 answered */
+    atomic_int sleeping;  /* the worker waits on cv (a submit must signal it) */
+    const KeyScan *ks;
+    const ChainSpec *cs;
+    const float *state;
+    int32_t excluded, k;
+    double theta;
+    float *out_scores;
+    int64_t *out_rows;
+    int32_t *n_chains;
+    int64_t found;
+    double busy_s;        /* seconds the worker spent answering (it runs beside the caller) */
+    int64_t jobs;
+} worker;
+
+#define WORKER_POLL_S 0.002 /* a drafting pass every few hundred microseconds keeps the worker polling */
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static void relax(void) {
+#if KEYSCAN_SIMD
+    _mm_pause();
+#endif
+}
+
+static void *worker_main(void *unused) {
+    (void)unused;
+    for (;;) {
+        /* poll for the next job for WORKER_POLL_S, then sleep: a wake-up is a system call on the submitting
+         * thread (27 us a submit on a 2-vCPU virtual machine, more than the query), a poll is a load */
+        const double until = now_s() + WORKER_POLL_S;
+        for (int spin = 1; atomic_load(&worker.phase) != 1; spin++) {
+            relax();
+            if (spin % 256 == 0 && now_s() > until) break;
+        }
+        pthread_mutex_lock(&worker.mu);
+        atomic_store(&worker.sleeping, 1);
+        while (atomic_load(&worker.phase) != 1) pthread_cond_wait(&worker.cv, &worker.mu);
+        atomic_store(&worker.sleeping, 0);
+        pthread_mutex_unlock(&worker.mu);
+        const double t0 = now_s();
+        worker.found = keyscan_key(worker.ks, worker.cs, worker.state, worker.excluded, worker.k, worker.theta,
+                                   worker.out_scores, worker.out_rows, worker.n_chains);
+        worker.busy_s += now_s() - t0;
+        worker.jobs++;
+        pthread_mutex_lock(&worker.mu);
+        atomic_store_explicit(&worker.phase, 2, memory_order_release);
+        pthread_cond_broadcast(&worker.cv);
+        pthread_mutex_unlock(&worker.mu);
+    }
+    return NULL;
+}
+
+/* the answer of the job out (waits for it): spins briefly (a query is tens of microseconds), then sleeps */
+int64_t keyscan_collect(void) {
+    if (worker.pid != getpid()) return -1;
+    int phase = atomic_load_explicit(&worker.phase, memory_order_acquire);
+    if (phase == 0) return -1;
+    for (int spin = 0; phase == 1 && spin < 20000; spin++) {
+        relax();
+        phase = atomic_load_explicit(&worker.phase, memory_order_acquire);
+    }
+    if (phase == 1) {
+        pthread_mutex_lock(&worker.mu);
+        while (atomic_load_explicit(&worker.phase, memory_order_acquire) == 1)
+            pthread_cond_wait(&worker.cv, &worker.mu);
+        pthread_mutex_unlock(&worker.mu);
+    }
+    const int64_t found = worker.found;
+    atomic_store_explicit(&worker.phase, 0, memory_order_release);
+    return found;
+}
+
+/* no job out once it returns (before the caller changes an array a job reads) */
+void keyscan_drain(void) {
+    if (worker.pid == getpid() && atomic_load_explicit(&worker.phase, memory_order_acquire) != 0) keyscan_collect();
+}
+
+/* keyscan_key's arguments to the worker; 0 when it took them, -1 when no worker could be started (the caller
+ * then runs keyscan_key itself) */
+int32_t keyscan_submit(const KeyScan *ks, const ChainSpec *cs, const float *state, int32_t excluded, int32_t k,
+                       double theta, float *out_scores, int64_t *out_rows, int32_t *n_chains) {
+    if (worker.pid != getpid()) {
+        pthread_mutex_init(&worker.mu, NULL);
+        pthread_cond_init(&worker.cv, NULL);
+        atomic_store(&worker.phase, 0);
+        atomic_store(&worker.sleeping, 0);
+        worker.busy_s = 0.0;
+        worker.jobs = 0;
+        if (pthread_create(&worker.thread, NULL, worker_main, NULL) != 0) return -1;
+        pthread_detach(worker.thread);
+        worker.pid = getpid();
+    }
+    keyscan_drain();
+    worker.ks = ks; worker.cs = cs; worker.state = state; worker.excluded = excluded; worker.k = k;
+    worker.theta = theta; worker.out_scores = out_scores; worker.out_rows = out_rows; worker.n_chains = n_chains;
+    atomic_store(&worker.phase, 1); /* sequentially consistent with `sleeping`: either the worker sees the job
+                                      * before it sleeps, or this sees it asleep and wakes it */
+    if (atomic_load(&worker.sleeping)) {
+        pthread_mutex_lock(&worker.mu);
+        pthread_cond_signal(&worker.cv);
+        pthread_mutex_unlock(&worker.mu);
+    }
+    return 0;
+}
+
+/* [seconds the worker spent answering, jobs answered] in this process */
+void keyscan_worker_stats(double *out) {
+    const int mine = worker.pid == getpid();
+    out[0] = mine ? worker.busy_s : 0.0;
+    out[1] = mine ? (double)worker.jobs : 0.0;
 }

@@ -12,6 +12,10 @@ flags, written atomically (concurrent first uses race harmlessly). On x86-64 wit
 the build uses them (the float16 rows are widened by F16C); elsewhere plain -O3 C. No compiler, a
 failed build or `OILBIRD_KEYSCAN=numpy` select the numpy path; `status()` says which path runs and why,
 and the first query on the numpy path prints one note on stderr.
+
+`keyscan_submit` / `keyscan_collect` run the key's pass on one worker thread per process (the drafter
+overlaps it with its lexical tree: decoder/drafters/oilbird.py `key_overlap`); `worker_stats()` says how
+long the worker worked.
 """
 
 from __future__ import annotations
@@ -65,7 +69,8 @@ def _cpu_flags() -> set[str]:
 
 
 def build_flags() -> list[str]:
-    flags = ["-O3", "-std=c11", "-shared", "-fPIC", "-ffp-contract=off"]  # no FMA: the numpy reference's rounding
+    # no FMA (-ffp-contract=off): the numpy reference's rounding; -pthread: the key's worker thread
+    flags = ["-O3", "-std=c11", "-shared", "-fPIC", "-pthread", "-ffp-contract=off"]
     if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags():
         flags += ["-mavx2", "-mfma", "-mf16c"]
     return flags
@@ -125,8 +130,32 @@ def library():
         lib.keyscan_encode.argtypes = [vp, vp, i64, vp, vp]
         lib.keyscan_encode.restype = None
         lib.keyscan_simd.restype = i32
+        lib.keyscan_submit.argtypes = [vp, vp, vp, i32, i32, ctypes.c_double, vp, vp, vp]
+        lib.keyscan_submit.restype = i32
+        lib.keyscan_collect.argtypes = []
+        lib.keyscan_collect.restype = i64
+        lib.keyscan_drain.argtypes = []
+        lib.keyscan_drain.restype = None
+        lib.keyscan_worker_stats.argtypes = [vp]
+        lib.keyscan_worker_stats.restype = None
     _state.update(lib=lib, why=why, noted=False)
     return lib
+
+
+def loaded():
+    """The kernel if it was loaded already (None otherwise): never builds it."""
+    return _state.get("lib")
+
+
+def worker_stats() -> dict:
+    """The kernel's worker thread in this process (data/keyscan.c keyscan_submit): seconds it spent answering
+    and queries answered (zeros when it never ran)."""
+    lib = loaded()
+    if lib is None:
+        return {"worker_s": 0.0, "worker_queries": 0}
+    out = (ctypes.c_double * 2)()
+    lib.keyscan_worker_stats(out)
+    return {"worker_s": out[0], "worker_queries": int(out[1])}
 
 
 def status() -> dict:

@@ -83,6 +83,9 @@ class PrunerConfig:
 class IvfPruner:
     """The auto index past prune_from: PCA, inverted lists of 8-bit codes, exact re-scoring (module docstring)."""
 
+    _jobs = 0  # queries handed to the kernel's worker so far, in this process (`submit_key`)
+    _out = 0  # the one out there now (its ticket; 0: none)
+
     def __init__(self, d: int, config: PrunerConfig | None = None) -> None:
         import faiss  # k-means at training (the [faiss] extra); without it the auto index stays exact
 
@@ -113,6 +116,8 @@ class IvfPruner:
         self._ks: keyscan.KeyScan | None = None  # the kernel's view of the arrays (`_index_address`)
         self._k = 0  # neighbours its scratch holds
         self._bound = None  # the pool's matrix it points at
+        self._set_for: tuple | None = None  # (k, row_base, n) it was last set for (`_query_address`)
+        self.ticket = 0  # this pruner's last `submit_key`
 
     @property
     def spec(self) -> str:
@@ -128,6 +133,7 @@ class IvfPruner:
 
     def train(self, rows, ids: np.ndarray, groups: np.ndarray) -> None:
         """(Re-)train on the pool's rows (float16 or float32, [n, d], unit) and file all of them (`add`)."""
+        self.drain()
         import time
 
         c = self.config
@@ -168,7 +174,7 @@ class IvfPruner:
         self.groups_ptr = np.zeros(self.nlist, np.int64)
         self.ntotal = 0
         self.trained = True
-        self._ks = None  # the kernel's view is made again over the new arrays
+        self._ks, self._set_for = None, None  # the kernel's view is made again over the new arrays
         self.add(rows, ids, groups)
         self.trained_rows = n
         self.trainings += 1
@@ -179,6 +185,7 @@ class IvfPruner:
         (a query skips the served prompt's group while scanning): each to its nearest
         centroid's list, appended (the lists double when full). Float16 rows (the pool's) are encoded by
         data/keyscan.c's `keyscan_encode` when it is built, else by `encode_reference`."""
+        self.drain()
         step = 65536  # bounded float32 copies
         for lo in range(0, len(ids), step):
             lists, codes = self.encode(rows[lo:lo + step])
@@ -230,6 +237,7 @@ class IvfPruner:
 
     def remove_below(self, lo: int) -> None:
         """Drop every row with id < lo."""
+        self.drain()
         if not self.trained or lo <= 0:
             return
         for li in range(self.nlist):
@@ -266,13 +274,46 @@ class IvfPruner:
                                 theta, *self._out_address, self._count_address)
         return self._out_scores[:found].copy(), self._out_rows[:found].copy(), self._count.item()
 
+    def submit_key(self, state: np.ndarray, k: int, matrix, row_base: int, n: int, excluded: int, chain_spec: int,
+                   theta: float) -> bool:
+        """`nearest_with_chains` started on the kernel's worker thread (data/keyscan.c): returns at once, True when
+        the worker took it (`collect_key` has the answer), False when no worker could start (kernel only). Until
+        the collect, the caller changes none of the arrays the query reads (every change here drains first)."""
+        address = self._query_address(k, matrix, row_base, n)
+        np.copyto(self._query, state)  # the worker reads the state after this returns: a buffer of our own
+        if keyscan.library().keyscan_submit(address, chain_spec, self._query_at, excluded, k, theta,
+                                            *self._out_address, self._count_address) != 0:
+            return False
+        IvfPruner._jobs += 1
+        self.ticket = IvfPruner._out = IvfPruner._jobs
+        return True
+
+    def collect_key(self, ticket: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """The answer to the `submit_key` that set `ticket`, as `nearest_with_chains` returns it (waits for the
+        worker). The worker holds one job per process: a later submit (any pool's) would have replaced it."""
+        if IvfPruner._out != ticket:
+            raise RuntimeError("the key's query was replaced on the worker before its answer was collected")
+        IvfPruner._out = 0
+        found = keyscan.library().keyscan_collect()
+        return self._out_scores[:found].copy(), self._out_rows[:found].copy(), self._count.item()
+
+    @staticmethod
+    def drain() -> None:
+        """No query left on the worker (before an array it reads changes; its answer is dropped)."""
+        lib = keyscan.loaded()
+        if lib is not None and IvfPruner._out:
+            IvfPruner._out = 0
+            lib.keyscan_drain()
+
     def _query_address(self, k: int, matrix, row_base: int, n: int) -> int:
         """`_index_address(k)` pointed at the pool's matrix as it is now."""
-        address = self._index_address(k)
-        if self._bound is not matrix:  # by identity: the pool's matrix is replaced when it grows or is compacted
-            self._ks.matrix, self._bound = keyscan.address(matrix), matrix
-        self._ks.row_base, self._ks.n = row_base, n
-        return address
+        if self._set_for != (k, row_base, n) or self._bound is not matrix:  # else as the last query left it
+            self._index_address(k)
+            if self._bound is not matrix:  # by identity: the pool's matrix is replaced when it grows or is compacted
+                self._ks.matrix, self._bound = keyscan.address(matrix), matrix
+            self._ks.row_base, self._ks.n = row_base, n
+            self._set_for = (k, row_base, n)
+        return self._ks_address
 
     def _index_address(self, k: int | None = None) -> int:
         """The address of the kernel's view of the index, made after a training and again when a query asks
@@ -299,6 +340,8 @@ class IvfPruner:
         self._out_scores, self._out_rows = np.zeros(k, np.float32), np.zeros(k, np.int64)
         self._out_address = (keyscan.address(self._out_scores), keyscan.address(self._out_rows))
         self._count = np.zeros(1, np.int32)
+        self._query = np.zeros(self.d, np.float32)
+        self._query_at = keyscan.address(self._query)
         self._count_address = keyscan.address(self._count)
         a = keyscan.address
         self._halves = (np.ascontiguousarray(self.proj_t, np.float16), np.ascontiguousarray(self.cent_t, np.float16))
@@ -308,7 +351,7 @@ class IvfPruner:
                                    a(self.ids_ptr), a(self.groups_ptr), a(self.sizes), None, 0, 0,
                                    *(a(w) for w in self._work))
         self._ks_address = ctypes.addressof(self._ks)
-        self._k, self._bound = k, None
+        self._k, self._bound, self._set_for = k, None, None
 
     def nearest_reference(self, state: np.ndarray, k: int, matrix, row_base: int, n: int,
                           excluded: int) -> tuple[np.ndarray, np.ndarray]:

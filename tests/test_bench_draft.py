@@ -156,11 +156,17 @@ def test_bench_draft_smoke(bd, tmp_path, capsys):
     names = [t["name"] for t in data["targets"]]
     assert any("65,536" in n for n in names) and set(data["draft_ratio_by_size"]) == {"256", "1500"}
     assert all(t["holds"] is None for t in data["targets"] if "key query" in t["name"])  # those sizes did not run
-    # the whole store, in rounds: the key on, off and as it was (exact, every pass); replay is deterministic
+    # the whole store, in rounds: the key on, off, as it was (exact, every pass) and inline; replay is deterministic
     whole = data["whole_store"]
     assert whole["rounds"] == 2 and whole["requests"] == 24
-    assert set(whole["arms"]) == {"oilbird", "oilbird-no-semantic", "oilbird@index=exact:key_patience=0"}
+    assert set(whole["arms"]) == {"oilbird", "oilbird-no-semantic", "oilbird@index=exact:key_patience=0",
+                                  "oilbird@key_overlap=off"}
     assert whole["arms"]["oilbird-no-semantic"]["key_queries"] == 0
+    # the worker changes where the query runs, not what it answers
+    inline = whole["arms"]["oilbird@key_overlap=off"]
+    served = whole["arms"]["oilbird"]
+    assert (inline["tau"], inline["key_queries"]) == (served["tau"], served["key_queries"])
+    assert whole["torch_threads"] == 1 and isinstance(whole["key_overlap"], bool)
     assert whole["arms"]["oilbird@index=exact:key_patience=0"]["key_queries"] >= whole["arms"]["oilbird"]["key_queries"]
     ratio = whole["draft_ratio"]["mean"]
     assert ratio["min"] <= ratio["median"] <= ratio["max"] and whole["tau_vs_before"] > 0

@@ -1,10 +1,13 @@
 """The semantic key's compiled query path (data/keyscan.c) against its numpy reference (data/pruner.py's
 `nearest_reference` and `encode_reference`, decoder/drafters/semantic.py's `semantic_chains`), and the
-fallback when the kernel cannot be built. The main suite builds the kernel: a machine without a C compiler
+fallback when the kernel cannot be built; the key's pass on the kernel's worker thread against the inline one.
+The main suite builds the kernel: a machine without a C compiler
 fails `test_the_kernel_is_built_here` (CI has one; the numpy path is the fallback, not the product)."""
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 
@@ -142,6 +145,62 @@ def test_the_key_pass_in_one_call_equals_query_then_chains():
             else:
                 assert chains is None
     assert 0 < fired < 2 * 60  # both branches met
+
+
+def test_the_key_pass_on_the_worker_equals_the_inline_one():
+    """key_start / key_finish (the query on the kernel's worker thread, data/keyscan.c keyscan_submit) answer what
+    `key` answers, fired or not."""
+    pool, traffic, rng = _pool(seed=6)
+    pool.exclude(("prompt", 3))
+    fired = 0
+    for q in _queries(traffic, rng):
+        for theta in (0.8, 0.97):
+            handle = pool.key_start(q, 8, theta)
+            assert handle[0] == "worker"
+            got, want = pool.key_finish(handle), pool.key(q, 8, theta)
+            np.testing.assert_array_equal(got[0], want[0])
+            np.testing.assert_array_equal(got[1], want[1])
+            assert got[2] == want[2]
+            fired += got[2] is not None
+    assert 0 < fired < 2 * 60
+    assert pool.overlapped_queries == 2 * 60 and keyscan.worker_stats()["worker_queries"] >= 2 * 60
+
+
+def test_a_replaced_or_drained_worker_query_is_refused_not_misread():
+    """One query is out on the worker per process: a second pool's start replaces the first's, and an append
+    (which drains the worker before the arrays move) drops it; the first's finish then raises."""
+    a, traffic, rng = _pool(seed=7)
+    b, _, _ = _pool(seed=8)
+    q = _queries(traffic, rng, 1)[0]
+    first = a.key_start(q, 8, 0.8)
+    second = b.key_start(q, 8, 0.8)
+    with pytest.raises(RuntimeError, match="replaced"):
+        a.key_finish(first)
+    assert b.key_finish(second)[1].tolist() == b.key(q, 8, 0.8)[1].tolist()
+    pending = a.key_start(q, 8, 0.8)
+    a.add_trace(list(range(24)), traffic[0].astype(np.float32), ("late", 0))
+    with pytest.raises(RuntimeError, match="replaced"):
+        a.key_finish(pending)
+
+
+def test_a_forked_child_starts_its_own_worker():
+    pool, traffic, rng = _pool(seed=9)
+    q = _queries(traffic, rng, 1)[0]
+    pool.key_finish(pool.key_start(q, 8, 0.8))  # the parent's worker exists
+    want = pool.key(q, 8, 0.8)[1].tolist()
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: the parent's thread is not there; a new worker answers
+        try:
+            got = pool.key_finish(pool.key_start(q, 8, 0.8))[1].tolist()
+            os.write(write, json.dumps(got).encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    with os.fdopen(read) as f:
+        got = json.loads(f.read() or "null")
+    os.waitpid(pid, 0)
+    assert got == want
 
 
 def test_after_eviction_and_growth_the_kernel_reads_the_new_arrays():

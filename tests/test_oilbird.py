@@ -576,6 +576,32 @@ def test_constructed_tool_traffic_key_fires_and_pays():
     assert taus["pld+key"] > 1.2 * taus["pld"] and taus["recycling+key"] > 1.2 * taus["recycling"], taus
 
 
+def test_the_key_on_the_worker_drafts_what_it_drafts_inline():
+    """key_overlap: the query on the kernel's worker thread, started before the lexical tree is built, gives
+    every pass the draft the inline query gives (a pool pruned early, so that the kernel answers)."""
+    from data import keyscan
+    from data.pruner import PrunerConfig
+
+    assert keyscan.library() is not None
+    drafts, counters = {}, {}
+    for overlap in ("on", "off"):
+        drafter = make_drafter("oilbird", vocab_size=VOCAB, nodes=60, key_overlap=overlap)
+        drafter.pool.pruner_config = PrunerConfig(prune_from=128, min_lists=8, nprobe_min=2, train_per_list=16)
+        seen, propose = [], drafter.propose
+        drafter.propose = lambda context, budget: seen.append(propose(context, budget)) or seen[-1]
+        truths, prompts, state, d = _tool_traffic()
+        _serve(drafter, truths, prompts, state, d)
+        drafts[overlap] = [(x.tokens, x.parents, x.sources) for x in seen]
+        counters[overlap] = drafter.counters()
+    assert drafts["on"] == drafts["off"]
+    on, off = counters["on"], counters["off"]
+    assert on["key_queries"] == off["key_queries"] > 0 and on["key_fired"] == off["key_fired"] > 0
+    assert on["overlapped_queries"] > 0.5 * on["key_queries"] and off["overlapped_queries"] == 0
+    assert on["pruned_queries"] == off["pruned_queries"]
+    with pytest.raises(OilbirdError, match="key_overlap must be auto, on or off"):
+        make_drafter("oilbird@key_overlap=sometimes", vocab_size=VOCAB, nodes=60)
+
+
 def test_constructed_tool_traffic_transplant_ladder():
     """base < +pool < +key for both published hosts: the key is measured against the host handed the pool
     under its own exact key, not against the host alone (measured: pld 1.27 < 1.52 < 1.69, recycling

@@ -11,7 +11,8 @@ One step, as deployed (every default is an `OilbirdConfig` field):
                  cosine 0.88 (then it skips 3 passes: `RequestPatience`), or self-calibration mutes it;
                  fires when max s >= theta (0.8); each neighbour, by decreasing s, gives the chain
                  x[i+2 : i+2+D(s)] (see `semantic.py`), chains >= 2 tokens, deduplicated (the query
-                 and the chains: one compiled call on a pruned pool, `SemanticPool.key`);
+                 and the chains: one compiled call on a pruned pool, `SemanticPool.key`; with the lexical host it
+                 starts before step 2, on the kernel's worker thread, and is collected after: `key_overlap`);
   4. candidates- then the automaton's top-3 branches (<= 32 tokens) and up to 4 rejected-branch
                  rollouts (anchor token equal, cos >= 0.8);
   5. merge     - every candidate re-walks the tree from the root (a token already there is walked
@@ -91,6 +92,7 @@ replaces the pool's exact key, so it is asked wherever +pool's exact key would h
 
 from __future__ import annotations
 
+import os
 import time
 from dataclasses import dataclass
 from typing import Hashable, Sequence
@@ -162,6 +164,9 @@ class OilbirdConfig:
     one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
     one_source_min_match: int = 5  # one_source: the lexical draft when its automaton match is at least this
     #                                long, else the semantic draft (SAM-Decoding's len_threshold, 5)
+    key_overlap: str = "auto"  # lexical host: the key's query on the kernel's worker thread (data/keyscan.c), on
+    #                            another core, while the host builds its tree: on | off (inline) | auto (on when
+    #                            the process may use more cores than torch's threads: `spare_core`)
     chain: int = 0  # > 0: propose only the best chain of the merged tree, at most this many tokens
     #                 (decoder.draft.best_chain: the most-proposed child at each node); what vLLM verifies
 
@@ -228,6 +233,20 @@ def merge_candidates(draft: Draft, candidates: Sequence[tuple[Chain, str]], budg
     return costs
 
 
+def spare_core() -> bool:
+    """Whether the process may run on more cores than torch's threads use (key_overlap auto): the key's worker
+    then polls on a core of its own. Where it would share one (2 cores, torch's 2 threads spinning after
+    each operation), a replay over the whole API-Bank store drafted 0.35 ms a pass with the worker and 0.18 ms
+    without."""
+    import torch
+
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # no affinity call (macOS)
+        cores = os.cpu_count() or 1
+    return cores > torch.get_num_threads()
+
+
 class OilbirdDrafter(Drafter):
     """All Oilbird arms: a host tree, the semantic key and the rejected-branch pool under one budget."""
 
@@ -251,6 +270,9 @@ class OilbirdDrafter(Drafter):
             raise ValueError(f"root_branching needs host none (got {c.host!r})")
         if c.chain < 0:
             raise ValueError(f"chain must be 0 (the tree) or a chain length (got {c.chain})")
+        if c.key_overlap not in ("auto", "on", "off"):
+            raise ValueError(f"key_overlap must be auto, on or off (got {c.key_overlap!r})")
+        self.overlap = c.key_overlap == "on" or (c.key_overlap == "auto" and spare_core())
         if c.one_source_min_match < 0:
             raise ValueError(f"one_source_min_match must be 0 or more (got {c.one_source_min_match})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
@@ -360,26 +382,57 @@ class OilbirdDrafter(Drafter):
             return draft, bool(chain)
         if c.host == "toolspec":
             return self.toolspec.draft(context, budget)
-        has_adjacency = 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
+        has_adjacency = self._has_adjacency(anchor)
         if c.host == "recycling":
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
             return self.table.expand(anchor, parents, ranks, budget, "recycling"), has_adjacency
         lex = LexicalConfig(spine_max=c.spine_max, branch_top=c.branch_top, branch_max=c.branch_max)
         return build_lexical(self.index, self.table, budget, lex, chains), bool(chains[0]) and has_adjacency
 
+    def _has_adjacency(self, anchor: int) -> bool:
+        return 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
+
+    def _overlaps_key(self, context: Sequence[int], chains) -> bool:
+        """Whether this pass's key starts before the host drafts (`key_overlap`): the lexical host, whose gate
+        (`_host`'s rule: a spine and adjacency successors of the anchor) is known from the automaton's match."""
+        c = self.config
+        return (self.overlap and c.host == "lexical" and not c.one_source
+                and (not c.gate or (bool(chains[0]) and self._has_adjacency(int(context[-1])))))
+
     def _key_chains(self, context: Sequence[int]) -> list[Chain]:
         """The semantic key's chains for this pass (timed into semantic_time_s)."""
+        return self._key_finish(self._key_start(context, overlap=False))
+
+    def _key_start(self, context: Sequence[int], overlap: bool) -> tuple | None:
+        """Whether the key is asked on this pass (None: not) and, if so, its pass started: with `overlap`, on the
+        kernel's worker where the pool allows it (`SemanticPool.key_start`), else answered here."""
         c = self.config
         if (not c.semantic or c.key_level == "null" or self.h_t is None or not self.patience.allow()
                 or not self.calibration.allow()):
-            return []
+            return None
         t0, shadow0 = time.perf_counter(), self.pool.shadow_s
         self.tally["key_queries"] += 1
         if c.key_level == "request":
-            chains = self._request_key_chains(context)
+            handle = ("chains", self._request_key_chains(context))
+        elif overlap:
+            handle = ("pool", self.pool.key_start(self.h_t, c.k, c.theta, c.depth_schedule, c.rank_depths, c.offset,
+                                                  c.min_chain))
         else:
-            scores, _, fired = self.pool.key(self.h_t, c.k, c.theta, c.depth_schedule, c.rank_depths, c.offset,
-                                             c.min_chain)
+            handle = ("pool", ("answered", self.pool.key(self.h_t, c.k, c.theta, c.depth_schedule, c.rank_depths,
+                                                         c.offset, c.min_chain)))
+        self.tally["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
+        return handle
+
+    def _key_finish(self, handle: tuple | None) -> list[Chain]:
+        """The chains of a pass `_key_start` began (the time spent here and there: semantic_time_s, the knn_recall
+        shadow queries left out)."""
+        if handle is None:
+            return []
+        t0, shadow0 = time.perf_counter(), self.pool.shadow_s
+        if handle[0] == "chains":
+            chains = handle[1]
+        else:
+            scores, _, fired = self.pool.key_finish(handle[1])
             if len(scores):  # an empty pool (or one holding only this prompt's traces) says nothing of distance
                 self.patience.answered(float(scores[0]))
             self.tally["key_fired"] += fired is not None
@@ -469,13 +522,17 @@ class OilbirdDrafter(Drafter):
         if c.one_source:
             return self._one_source(context, budget, chains, match)
         reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
+        # where the gate is known to open before the host drafts, the key's query runs on the kernel's worker
+        # (another core) while the host builds its tree; its chains are merged first all the same
+        overlap = self._overlaps_key(context, chains)
+        handle = self._key_start(context, overlap=True) if overlap else None
         draft, open_ = self._host(context, budget - reserve, chains)
         pooled = self._pool_chain(context, reserve)  # +pool: part of the host's exact key, so it opens the gate
-        if c.gate and c.host != "none" and not (open_ or pooled):
+        if c.gate and c.host != "none" and not (open_ or pooled):  # (never after an overlapped start)
             self.tally["gated"] += 1
             return self._host(context, budget, chains)[0] if reserve else draft
         cap = len(draft) + reserve
-        candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
+        candidates = [(g, SEMANTIC) for g in (self._key_finish(handle) if overlap else self._key_chains(context))]
         if pooled:
             candidates.append((pooled, POOL))
         if chains is not None:
@@ -551,6 +608,7 @@ class OilbirdDrafter(Drafter):
         return {
             **self.tally,
             "semantic_key": self.config.semantic and self.config.key_level != "null",
+            "key_overlap": self.overlap,
             "calibration_mutes": self.calibration.mutes,
             "calibration_skipped": self.calibration.skipped,
             "patience_skipped": self.patience.skipped,

@@ -156,6 +156,7 @@ class SemanticPool:
         self._excluded_group = -1
         self.queries = 0  # queries answered inexactly (pruned, or by a trained faiss index): the recall sample
         self.pruned_queries = 0
+        self.overlapped_queries = 0  # of which answered on the kernel's worker thread (`key_start`)
         self.recall_queries = self.recall_hits = self.recall_total = self.recall_k = 0
         self.shadow_s = 0.0
         self._chain_args: list | None = None  # `chains`' settings for the kernel (`_chain_spec`)
@@ -173,6 +174,7 @@ class SemanticPool:
     def add_trace(self, tokens: Sequence[int], hidden: np.ndarray | None, prompt_hash: Hashable | None = None,
                   key_state: np.ndarray | None = None) -> int:
         """Append a finished trace; rows for its positions with a (non-zero) state. Returns rows added."""
+        IvfPruner.drain()  # a key pass still out on the kernel's worker reads the arrays replaced below
         n_tok = len(tokens)
         lo = self.n_tokens
         if n_tok == 0:
@@ -270,18 +272,47 @@ class SemanticPool:
             min_len: int = 2) -> tuple[np.ndarray, np.ndarray, list[Chain] | None]:
         """The key's pass: `query`, then, when the best similarity reaches theta, `chains` of the neighbours
         (None when it did not fire). A pruned pool with the kernel built does both in one kernel call."""
-        if self.n and k > 0 and self.index is None and self.pruner is not None and self.pruner.trained \
-                and keyscan.library() is not None:
+        if self._kernel_key(k):
             self.pruned_queries += 1
             spec = self._chain_spec(schedule, rank_depths, offset, min_len, k)
-            s, rows, count = self.pruner.nearest_with_chains(state, k, self.matrix, self.row_base, self.n,
-                                                             self._excluded_group, spec, theta)
-            self._sample_recall(state, k, rows)
-            return s, rows, self._chain_lists(count) if count >= 0 else None
+            answer = self.pruner.nearest_with_chains(state, k, self.matrix, self.row_base, self.n,
+                                                     self._excluded_group, spec, theta)
+            return self._kernel_answer(state, k, *answer)
         s, rows = self.query(state, k)
         if not len(s) or s[0] < theta:
             return s, rows, None
         return s, rows, self.chains(s, rows, schedule, rank_depths, offset, min_len)
+
+    def key_start(self, state: np.ndarray, k: int, theta: float,
+                  schedule: Sequence[tuple[float, int]] = DEPTH_SCHEDULE, rank_depths: Sequence[int] | None = None,
+                  offset: int = 2, min_len: int = 2) -> tuple:
+        """`key` in two halves: this one starts the pass and `key_finish(handle)` returns what `key` returns. Where
+        `key` makes one kernel call, the kernel's worker thread answers it in between (on another core, while the
+        caller builds the rest of its draft); elsewhere `key` runs here. Between the two, nothing may add to or
+        evict from the pool (both drain the worker first)."""
+        if self._kernel_key(k):
+            spec = self._chain_spec(schedule, rank_depths, offset, min_len, k)
+            if self.pruner.submit_key(state, k, self.matrix, self.row_base, self.n, self._excluded_group, spec, theta):
+                self.pruned_queries += 1
+                self.overlapped_queries += 1
+                return "worker", state, k, self.pruner.ticket
+        return "answered", self.key(state, k, theta, schedule, rank_depths, offset, min_len)
+
+    def key_finish(self, handle: tuple) -> tuple[np.ndarray, np.ndarray, list[Chain] | None]:
+        if handle[0] == "answered":
+            return handle[1]
+        _, state, k, ticket = handle
+        return self._kernel_answer(state, k, *self.pruner.collect_key(ticket))
+
+    def _kernel_key(self, k: int) -> bool:
+        """Whether the key's pass is one kernel call: a pruned pool and the kernel built."""
+        return bool(self.n and k > 0 and self.index is None and self.pruner is not None and self.pruner.trained
+                    and keyscan.library() is not None)
+
+    def _kernel_answer(self, state: np.ndarray, k: int, s: np.ndarray, rows: np.ndarray,
+                       count: int) -> tuple[np.ndarray, np.ndarray, list[Chain] | None]:
+        self._sample_recall(state, k, rows)
+        return s, rows, self._chain_lists(count) if count >= 0 else None
 
     def _sample_recall(self, state: np.ndarray, k: int, rows: np.ndarray) -> None:
         """An inexact answer: every `recall_every`-th one is repeated exactly (`_shadow`)."""
@@ -389,6 +420,7 @@ class SemanticPool:
         count = min(count, len(self._traces))
         if count <= 0:
             return
+        IvfPruner.drain()
         kept = self._traces[count:]
         t0 = kept[0][0] if kept else self.n_tokens
         r0 = kept[0][2] if kept else self.n
@@ -449,6 +481,7 @@ class SemanticPool:
             "index": self.spec.text,
             "active_index": self.active_index,
             "pruned_queries": self.pruned_queries,
+            "overlapped_queries": self.overlapped_queries,
             "index_trainings": pruner.trainings if pruner is not None else 0,
             "index_train_s": pruner.train_s if pruner is not None else 0.0,
             "bytes_per_state": self.bytes_per_state(),
