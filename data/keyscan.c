@@ -12,7 +12,7 @@
  *   4. the kept rows re-scored exactly from their float16 rows (accumulated in double), the k best
  *      returned by (cosine desc, id asc), as local row numbers.
  * keyscan_chains: eq. (2)'s chains of those neighbours (decoder/drafters/semantic.py semantic_chains);
- * keyscan_key: both in one call (the drafter's key pass).
+ * keyscan_key: both in one call (the drafter's key pass); keyscan_run: the same, its arguments in one KeyJob.
  * No allocation: one query is tens of microseconds of work on one core. keyscan_submit / keyscan_collect (at the
  * end) run keyscan_key on a worker thread, so that the caller's own work overlaps it.
  *
@@ -415,6 +415,23 @@ int64_t keyscan_key(const KeyScan *ks, const ChainSpec *cs, const float *state, 
 #include <time.h>
 #include <unistd.h>
 
+/* keyscan_key's arguments, as one struct (data/keyscan.py KeyJob): one pointer to pass per submit */
+typedef struct {
+    const KeyScan *ks;
+    const ChainSpec *cs;
+    const float *state;   /* read by the worker: unchanged until the collect */
+    float *out_scores;
+    int64_t *out_rows;
+    int32_t *n_chains;
+    int32_t excluded, k;
+    double theta;
+} KeyJob;
+
+/* keyscan_key on a job, here (the drafter's inline key pass) */
+int64_t keyscan_run(const KeyJob *j) {
+    return keyscan_key(j->ks, j->cs, j->state, j->excluded, j->k, j->theta, j->out_scores, j->out_rows, j->n_chains);
+}
+
 static struct {
     pid_t pid;            /* the process that started the worker (0: none) */
     pthread_t thread;
@@ -422,20 +439,17 @@ static struct {
     pthread_cond_t cv;
     atomic_int phase;     /* 0 idle, 1 submitted, 2 answered */
     atomic_int sleeping;  /* the worker waits on cv (a submit must signal it) */
-    const KeyScan *ks;
-    const ChainSpec *cs;
-    const float *state;
-    int32_t excluded, k;
-    double theta;
-    float *out_scores;
-    int64_t *out_rows;
-    int32_t *n_chains;
+    KeyJob job;           /* a copy: the caller may change its own once the submit returns */
     int64_t found;
     double busy_s;        /* seconds the worker spent answering (it runs beside the caller) */
     int64_t jobs;
+    int64_t wakes;        /* submits that found it asleep (and paid the wake-up) */
 } worker;
 
-#define WORKER_POLL_S 0.002 /* a drafting pass every few hundred microseconds keeps the worker polling */
+/* how long the worker polls after an answer: over the whole API-Bank store (replay), 9% of the gaps between
+ * two queries were 2 ms or more and 2% 5 ms or more (a request's end, its trace's append, the next one's first
+ * passes); a gap past the poll costs the next submit a wake-up */
+#define WORKER_POLL_S 0.005
 
 static double now_s(void) {
     struct timespec t;
@@ -465,8 +479,7 @@ static void *worker_main(void *unused) {
         atomic_store(&worker.sleeping, 0);
         pthread_mutex_unlock(&worker.mu);
         const double t0 = now_s();
-        worker.found = keyscan_key(worker.ks, worker.cs, worker.state, worker.excluded, worker.k, worker.theta,
-                                   worker.out_scores, worker.out_rows, worker.n_chains);
+        worker.found = keyscan_run(&worker.job);
         worker.busy_s += now_s() - t0;
         worker.jobs++;
         pthread_mutex_lock(&worker.mu);
@@ -502,10 +515,9 @@ void keyscan_drain(void) {
     if (worker.pid == getpid() && atomic_load_explicit(&worker.phase, memory_order_acquire) != 0) keyscan_collect();
 }
 
-/* keyscan_key's arguments to the worker; 0 when it took them, -1 when no worker could be started (the caller
- * then runs keyscan_key itself) */
-int32_t keyscan_submit(const KeyScan *ks, const ChainSpec *cs, const float *state, int32_t excluded, int32_t k,
-                       double theta, float *out_scores, int64_t *out_rows, int32_t *n_chains) {
+/* the job to the worker; 0 when it took it, -1 when no worker could be started (the caller then runs
+ * keyscan_key itself) */
+int32_t keyscan_submit(const KeyJob *job) {
     if (worker.pid != getpid()) {
         pthread_mutex_init(&worker.mu, NULL);
         pthread_cond_init(&worker.cv, NULL);
@@ -513,16 +525,17 @@ int32_t keyscan_submit(const KeyScan *ks, const ChainSpec *cs, const float *stat
         atomic_store(&worker.sleeping, 0);
         worker.busy_s = 0.0;
         worker.jobs = 0;
+        worker.wakes = 0;
         if (pthread_create(&worker.thread, NULL, worker_main, NULL) != 0) return -1;
         pthread_detach(worker.thread);
         worker.pid = getpid();
     }
     keyscan_drain();
-    worker.ks = ks; worker.cs = cs; worker.state = state; worker.excluded = excluded; worker.k = k;
-    worker.theta = theta; worker.out_scores = out_scores; worker.out_rows = out_rows; worker.n_chains = n_chains;
+    worker.job = *job;
     atomic_store(&worker.phase, 1); /* sequentially consistent with `sleeping`: either the worker sees the job
                                       * before it sleeps, or this sees it asleep and wakes it */
     if (atomic_load(&worker.sleeping)) {
+        worker.wakes++;
         pthread_mutex_lock(&worker.mu);
         pthread_cond_signal(&worker.cv);
         pthread_mutex_unlock(&worker.mu);
@@ -530,9 +543,10 @@ int32_t keyscan_submit(const KeyScan *ks, const ChainSpec *cs, const float *stat
     return 0;
 }
 
-/* [seconds the worker spent answering, jobs answered] in this process */
+/* [seconds the worker spent answering, jobs answered, submits that woke it] in this process */
 void keyscan_worker_stats(double *out) {
     const int mine = worker.pid == getpid();
     out[0] = mine ? worker.busy_s : 0.0;
     out[1] = mine ? (double)worker.jobs : 0.0;
+    out[2] = mine ? (double)worker.wakes : 0.0;
 }

@@ -55,6 +55,15 @@ class ChainSpec(ctypes.Structure):
                 ("out_tokens", ctypes.c_void_p), ("out_lens", ctypes.c_void_p)]
 
 
+class KeyJob(ctypes.Structure):
+    """keyscan.c's `KeyJob`: keyscan_key's arguments, passed by one pointer (keyscan_run here, keyscan_submit to
+    the worker thread)."""
+
+    _fields_ = [("ks", ctypes.c_void_p), ("cs", ctypes.c_void_p), ("state", ctypes.c_void_p),
+                ("out_scores", ctypes.c_void_p), ("out_rows", ctypes.c_void_p), ("n_chains", ctypes.c_void_p),
+                ("excluded", ctypes.c_int32), ("k", ctypes.c_int32), ("theta", ctypes.c_double)]
+
+
 _state: dict = {}  # "lib": the loaded library or None, "why": the reason for the numpy path, "noted"
 
 
@@ -125,12 +134,12 @@ def library():
         lib.keyscan_query.restype = i64
         lib.keyscan_chains.argtypes = [vp, vp, vp, i32]
         lib.keyscan_chains.restype = i32
-        lib.keyscan_key.argtypes = [vp, vp, vp, i32, i32, ctypes.c_double, vp, vp, vp]
-        lib.keyscan_key.restype = i64
         lib.keyscan_encode.argtypes = [vp, vp, i64, vp, vp]
         lib.keyscan_encode.restype = None
         lib.keyscan_simd.restype = i32
-        lib.keyscan_submit.argtypes = [vp, vp, vp, i32, i32, ctypes.c_double, vp, vp, vp]
+        lib.keyscan_run.argtypes = [vp]
+        lib.keyscan_run.restype = i64
+        lib.keyscan_submit.argtypes = [vp]
         lib.keyscan_submit.restype = i32
         lib.keyscan_collect.argtypes = []
         lib.keyscan_collect.restype = i64
@@ -148,14 +157,14 @@ def loaded():
 
 
 def worker_stats() -> dict:
-    """The kernel's worker thread in this process (data/keyscan.c keyscan_submit): seconds it spent answering
-    and queries answered (zeros when it never ran)."""
+    """The kernel's worker thread in this process (data/keyscan.c keyscan_submit): seconds it spent answering,
+    queries answered, and the queries whose submit found it asleep and woke it (zeros when it never ran)."""
     lib = loaded()
     if lib is None:
-        return {"worker_s": 0.0, "worker_queries": 0}
-    out = (ctypes.c_double * 2)()
+        return {"worker_s": 0.0, "worker_queries": 0, "worker_wakes": 0}
+    out = (ctypes.c_double * 3)()
     lib.keyscan_worker_stats(out)
-    return {"worker_s": out[0], "worker_queries": int(out[1])}
+    return {"worker_s": out[0], "worker_queries": int(out[1]), "worker_wakes": int(out[2])}
 
 
 def status() -> dict:

@@ -268,21 +268,17 @@ class IvfPruner:
         """`nearest` and, when its best cosine reaches theta, the chains of data/keyscan.c's ChainSpec at address
         `chain_spec` (written to its buffers), in one kernel call: (scores, rows, chains written, -1 when the best
         cosine is below theta). Kernel only."""
-        lib = keyscan.library()
-        found = lib.keyscan_key(self._query_address(k, matrix, row_base, n),
-                                chain_spec, keyscan.address(np.ascontiguousarray(state, np.float32)), excluded, k,
-                                theta, *self._out_address, self._count_address)
-        return self._out_scores[:found].copy(), self._out_rows[:found].copy(), self._count.item()
+        self.drain()  # (a query out on the worker would read the buffers this one writes)
+        return self._answer(keyscan.library().keyscan_run(self._job_address_for(state, k, matrix, row_base, n,
+                                                                                excluded, chain_spec, theta)))
 
     def submit_key(self, state: np.ndarray, k: int, matrix, row_base: int, n: int, excluded: int, chain_spec: int,
                    theta: float) -> bool:
         """`nearest_with_chains` started on the kernel's worker thread (data/keyscan.c): returns at once, True when
         the worker took it (`collect_key` has the answer), False when no worker could start (kernel only). Until
         the collect, the caller changes none of the arrays the query reads (every change here drains first)."""
-        address = self._query_address(k, matrix, row_base, n)
-        np.copyto(self._query, state)  # the worker reads the state after this returns: a buffer of our own
-        if keyscan.library().keyscan_submit(address, chain_spec, self._query_at, excluded, k, theta,
-                                            *self._out_address, self._count_address) != 0:
+        address = self._job_address_for(state, k, matrix, row_base, n, excluded, chain_spec, theta)
+        if keyscan.library().keyscan_submit(address) != 0:
             return False
         IvfPruner._jobs += 1
         self.ticket = IvfPruner._out = IvfPruner._jobs
@@ -295,6 +291,23 @@ class IvfPruner:
             raise RuntimeError("the key's query was replaced on the worker before its answer was collected")
         IvfPruner._out = 0
         found = keyscan.library().keyscan_collect()
+        if found < 0:  # a process forked while the query was out: its worker is the parent's
+            raise RuntimeError("the key's query is not out on this process's worker")
+        return self._answer(found)
+
+    def _job_address_for(self, state: np.ndarray, k: int, matrix, row_base: int, n: int, excluded: int,
+                         chain_spec: int, theta: float) -> int:
+        """The address of the kernel's `KeyJob` (keyscan_key's arguments in one struct: a call from Python
+        with cold caches costs per argument), set for this query, the state copied into its buffer."""
+        self._query_address(k, matrix, row_base, n)  # the view as the pool is now (its address is the job's)
+        np.copyto(self._query, state)  # a worker reads the state after the submit returns: a buffer of our own
+        if self._job_for != (chain_spec, excluded, k, theta):
+            job = self._job
+            job.cs, job.excluded, job.k, job.theta = chain_spec, excluded, k, theta
+            self._job_for = (chain_spec, excluded, k, theta)
+        return self._job_address
+
+    def _answer(self, found: int) -> tuple[np.ndarray, np.ndarray, int]:
         return self._out_scores[:found].copy(), self._out_rows[:found].copy(), self._count.item()
 
     @staticmethod
@@ -341,7 +354,6 @@ class IvfPruner:
         self._out_address = (keyscan.address(self._out_scores), keyscan.address(self._out_rows))
         self._count = np.zeros(1, np.int32)
         self._query = np.zeros(self.d, np.float32)
-        self._query_at = keyscan.address(self._query)
         self._count_address = keyscan.address(self._count)
         a = keyscan.address
         self._halves = (np.ascontiguousarray(self.proj_t, np.float16), np.ascontiguousarray(self.cent_t, np.float16))
@@ -352,6 +364,10 @@ class IvfPruner:
                                    *(a(w) for w in self._work))
         self._ks_address = ctypes.addressof(self._ks)
         self._k, self._bound, self._set_for = k, None, None
+        # `submit_key`'s job: this view, the query buffer and the outputs fixed; the rest set per submit
+        self._job = keyscan.KeyJob(self._ks_address, None, a(self._query), *self._out_address, self._count_address,
+                                   -1, 0, 0.0)
+        self._job_address, self._job_for = ctypes.addressof(self._job), None
 
     def nearest_reference(self, state: np.ndarray, k: int, matrix, row_base: int, n: int,
                           excluded: int) -> tuple[np.ndarray, np.ndarray]:

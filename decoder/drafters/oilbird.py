@@ -273,6 +273,7 @@ class OilbirdDrafter(Drafter):
         if c.key_overlap not in ("auto", "on", "off"):
             raise ValueError(f"key_overlap must be auto, on or off (got {c.key_overlap!r})")
         self.overlap = c.key_overlap == "on" or (c.key_overlap == "auto" and spare_core())
+        self._adjacency_memo: tuple[int, bool] | None = None  # (anchor, `_has_adjacency`) until the table changes
         if c.one_source_min_match < 0:
             raise ValueError(f"one_source_min_match must be 0 or more (got {c.one_source_min_match})")
         self.index = AutomatonIndex() if c.host == "lexical" else None
@@ -390,13 +391,18 @@ class OilbirdDrafter(Drafter):
         return build_lexical(self.index, self.table, budget, lex, chains), bool(chains[0]) and has_adjacency
 
     def _has_adjacency(self, anchor: int) -> bool:
-        return 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
+        """Whether the adjacency table has successors of `anchor` (asked twice a pass: kept until it changes)."""
+        memo = self._adjacency_memo
+        if memo is None or memo[0] != anchor:
+            memo = self._adjacency_memo = (anchor, 0 <= anchor < self.vocab_size
+                                           and bool((self.table.table[anchor] >= 0).any()))
+        return memo[1]
 
     def _overlaps_key(self, context: Sequence[int], chains) -> bool:
         """Whether this pass's key starts before the host drafts (`key_overlap`): the lexical host, whose gate
         (`_host`'s rule: a spine and adjacency successors of the anchor) is known from the automaton's match."""
         c = self.config
-        return (self.overlap and c.host == "lexical" and not c.one_source
+        return (self.overlap and c.host == "lexical" and not c.one_source and c.semantic and self.h_t is not None
                 and (not c.gate or (bool(chains[0]) and self._has_adjacency(int(context[-1])))))
 
     def _key_chains(self, context: Sequence[int]) -> list[Chain]:
@@ -577,6 +583,7 @@ class OilbirdDrafter(Drafter):
         c = self.config
         if self.table is not None:
             self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
+            self._adjacency_memo = None
         if self.toolspec is not None:
             self.toolspec.observe(context, result)
         hit = bool(self._bought) and any(i in self._bought for i in result.accepted_nodes)
