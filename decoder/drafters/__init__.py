@@ -27,7 +27,8 @@ from typing import Sequence
 from data.errors import OilbirdError
 from decoder.draft import Draft, Drafter
 from decoder.drafters.lexical import LexicalDrafter
-from decoder.drafters.oilbird import ARM_PRESETS, OilbirdDrafter
+from decoder.drafters.oilbird import OilbirdDrafter
+from decoder.drafters.oilbird_config import ARM_PRESETS
 from decoder.drafters.pld import PldDrafter
 from decoder.drafters.recycling import RecyclingDrafter
 from decoder.drafters.sam import SamDrafter
