@@ -406,11 +406,11 @@ int64_t keyscan_key(const KeyScan *ks, const ChainSpec *cs, const float *state, 
 /* The key's pass on a second core (data/pruner.py `submit_key` / `collect_key`): `keyscan_submit` hands
  * keyscan_key's arguments to one worker thread per process and returns at once, so the drafter builds its
  * lexical tree meanwhile; `keyscan_collect` waits for the answer. One job at a time: a submit while a job is
- * out first waits for it (its answer is dropped). The worker sleeps on a condition variable between jobs (no
- * core spent while idle); a process forked while it existed starts its own. The caller keeps every array the
+ * out first waits for it (its answer is dropped). After an answer the worker polls for the next job for
+ * WORKER_POLL_S, then sleeps on a condition variable (no core spent while idle); a process forked while it
+ * existed starts its own. The caller keeps every array the
  * job reads alive and unchanged until the collect (`keyscan_drain` before changing them). */
 #include <pthread.h>
-#include <sched.h>
 #include <stdatomic.h>
 #include <time.h>
 #include <unistd.h>
@@ -473,11 +473,13 @@ static void *worker_main(void *unused) {
             relax();
             if (spin % 256 == 0 && now_s() > until) break;
         }
-        pthread_mutex_lock(&worker.mu);
-        atomic_store(&worker.sleeping, 1);
-        while (atomic_load(&worker.phase) != 1) pthread_cond_wait(&worker.cv, &worker.mu);
-        atomic_store(&worker.sleeping, 0);
-        pthread_mutex_unlock(&worker.mu);
+        if (atomic_load(&worker.phase) != 1) { /* the poll ran out: sleep until a submit signals */
+            pthread_mutex_lock(&worker.mu);
+            atomic_store(&worker.sleeping, 1);
+            while (atomic_load(&worker.phase) != 1) pthread_cond_wait(&worker.cv, &worker.mu);
+            atomic_store(&worker.sleeping, 0);
+            pthread_mutex_unlock(&worker.mu);
+        }
         const double t0 = now_s();
         worker.found = keyscan_run(&worker.job);
         worker.busy_s += now_s() - t0;

@@ -478,6 +478,9 @@ def test_recycling_repeated_token_last_wins():
     table.update([1, 2, 1], np.array([[0] * 8, [1] * 8, [2] * 8]))
     assert table.table[1].tolist() == [2] * 8 and table.table[2].tolist() == [1] * 8
     assert table.table[0].tolist() == [-1] * 8
+    # known: verified at least once (a row of -1, an unknown output, is skipped); ids outside the vocabulary never
+    table.update([3], np.array([[-1] * 8]))
+    assert [table.knows(t) for t in (-1, 0, 1, 2, 3, 4, 5)] == [False, False, True, True, False, False, False]
 
 
 # ---------- lexical ----------

@@ -253,8 +253,7 @@ class OilbirdDrafter(Drafter):
         """Whether the adjacency table has successors of `anchor` (asked twice a pass: kept until it changes)."""
         memo = self._adjacency_memo
         if memo is None or memo[0] != anchor:
-            memo = self._adjacency_memo = (anchor, 0 <= anchor < self.vocab_size
-                                           and bool((self.table.table[anchor] >= 0).any()))
+            memo = self._adjacency_memo = (anchor, self.table.knows(anchor))
         return memo[1]
 
     def _overlaps_key(self, context: Sequence[int], chains) -> bool:

@@ -74,6 +74,10 @@ class AdjacencyTable:
         last = len(tokens) - 1 - first_in_rev
         self.table[tokens[last], : topk.shape[1]] = topk[last]
 
+    def knows(self, token: int) -> bool:
+        """Whether `token` has successors in the table (it was verified at least once)."""
+        return 0 <= token < self.table.shape[0] and bool((self.table[token] >= 0).any())
+
     def observe(self, anchor: int, draft_tokens: Sequence[int], topk: np.ndarray) -> None:
         """One verification forward: topk[0] is at the anchor, topk[1 + i] at draft node i."""
         self.update([anchor, *draft_tokens], topk[: 1 + len(draft_tokens)])

@@ -457,7 +457,7 @@ class ToolSpecHost:
             matched = True
         elif self.table is not None:
             anchor = int(context[-1])
-            matched = 0 <= anchor < self.vocab_size and bool((self.table.table[anchor] >= 0).any())
+            matched = self.table.knows(anchor)
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
             draft = self.table.expand(anchor, parents, ranks, budget, self.source)
             stage = "recycling" if len(draft) else ""
