@@ -60,8 +60,8 @@ $(STAMP): pyproject.toml Makefile
 	CMAKE_PREFIX_PATH=$$($(PY) -m nanobind --cmake_dir) $(PY) -m pip install -q --no-build-isolation --no-deps arctic-inference==0.3.0
 	# pyarrow 25.0.1 beside the venv, for tests/test_pyarrow25.py only (a store read under apache/arrow#35692)
 	$(PY) -m pip install -q --no-deps --target $(VENV)/pyarrow25 pyarrow==25.0.1
-	# the semantic key's query kernel (data/keyscan.c), built now so that a missing compiler shows here
-	$(PY) -c "from data import keyscan; s = keyscan.status(); print('semantic key query path:', s['path'], s['why'])"
+	# the semantic key's query kernel (data/index/keyscan.c), built now so that a missing compiler shows here
+	$(PY) -c "from data.index import keyscan; s = keyscan.status(); print('semantic key query path:', s['path'], s['why'])"
 	touch $(STAMP)
 
 capture: $(STAMP)
@@ -145,7 +145,7 @@ ablations: $(STAMP)
 	$(PY) -m decoder ablations --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
 
 # The cross-benchmark grid: capture each benchmark (SmolLM2, MAX_NEW, BATCH rows; the first N requests
-# where the whole one does not fit 20 min on 2 cores, data/benchmarks.py GRID_LIMITS), its census, the
+# where the whole one does not fit 20 min on 2 cores, data/benchmarks/registry.py GRID_LIMITS), its census, the
 # decision arms by replay, then grid.html. A rerun skips every store, census and replay that is current.
 comma := ,
 GRID_BENCHES ?= apibank,taubench-retail,toolalpaca,humaneval,classeval,gsm8k,specbench-math,mtbench

@@ -30,12 +30,12 @@ import time
 
 import torch
 
-from data.benchmarks import get_benchmark, load_requests
-from data.capture import fit_prompts
+from data.benchmarks.registry import get_benchmark, load_requests
+from data.capture.run import fit_prompts
 from data.errors import OilbirdError, cli_entry
-from data.greedy import PrefixCache, greedy_batch
-from data.models import LayerTap, cache_kwargs, encode_prompt, load_model
-from data.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
+from data.capture.greedy import PrefixCache, greedy_batch
+from data.capture.models import LayerTap, cache_kwargs, encode_prompt, load_model
+from data.capture.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
 
 
 @torch.no_grad()

@@ -25,7 +25,7 @@ import torch
 from census.definitions import CensusConfig, CensusInput
 from census.positions import census_positions
 from data.errors import OilbirdError, cli_entry
-from data.models import pick_device
+from data.capture.models import pick_device
 
 
 def parse_size(text: str) -> int:

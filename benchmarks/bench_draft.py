@@ -17,11 +17,11 @@ Measured per (arm, size):
                       median, p99, mean;
   query_ms            (arms with the key) every key pass, the pool's `key` timed around the bound method
                       of that pool: the kNN query and, when it fires, its chains (one kernel call on a
-                      pruned pool, data/keyscan.c; the knn_recall shadow's time left out): median, p99,
+                      pruned pool, data/index/keyscan.c; the knn_recall shadow's time left out): median, p99,
                       mean;
   recall_vs_exact     (arms with the key) up to --recall-sample of those queries (a seeded reservoir),
                       each against an exact float32 search over the same pool rows with the same
-                      same-prompt exclusion, after the run: tie-aware recall@k (data/knnrecall.py);
+                      same-prompt exclusion, after the run: tie-aware recall@k (data/index/knnrecall.py);
   index               the structure answering the key at that size (`pool.index_info()`'s
                       active_index, else its index spec);
   tau                 committed tokens per pass (a check that the arm drafts what it should).
@@ -69,13 +69,13 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/tiling.py, also when imported by a test
 
 from data.errors import OilbirdError, cli_entry  # noqa: E402
-from data.files import atomic_write_json  # noqa: E402
-from data.knnrecall import DEFINITION as RECALL_DEFINITION  # noqa: E402
-from data.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits  # noqa: E402
-from data.layout import bench_dir, model_slug, store_dir  # noqa: E402
-from data.schema import prompt_hash  # noqa: E402
-from data.stateindex import unit  # noqa: E402
-from data.store import open_store  # noqa: E402
+from data.store.files import atomic_write_json  # noqa: E402
+from data.index.knnrecall import DEFINITION as RECALL_DEFINITION  # noqa: E402
+from data.index.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits  # noqa: E402
+from data.store.layout import bench_dir, model_slug, store_dir  # noqa: E402
+from data.store.schema import prompt_hash  # noqa: E402
+from data.index.stateindex import unit  # noqa: E402
+from data.store.reader import open_store  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
@@ -235,7 +235,7 @@ class KeyProbe:
 
 
 def exact_recall(samples: Sequence[QuerySample], tol: float = TIE_TOLERANCE, chunk: int = RECALL_CHUNK) -> dict:
-    """Tie-aware recall@k (data/knnrecall.py) of the sampled answers against an exact float32 search over
+    """Tie-aware recall@k (data/index/knnrecall.py) of the sampled answers against an exact float32 search over
     the rows each query's pool held (`pool.matrix`, float16 unit rows), less its excluded prompt's rows."""
     hits = wanted = queries = 0
     missing = 0
@@ -453,7 +453,7 @@ def faiss_threads() -> int | None:
 def device_info() -> dict:
     from decoder.profile import device_name
 
-    from data import keyscan
+    from data.index import keyscan
 
     return {"type": "cpu", "name": device_name(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "faiss_threads": faiss_threads(), "torch": torch.__version__,
@@ -489,7 +489,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pool-sizes", default=",".join(map(str, DEFAULT_SIZES)), help="warm pool sizes in states")
     # the published SuffixDecoding cache (a decision arm) has its own row here, `arcticinference`
     ap.add_argument("--arms", default=",".join(a for a in DECISION_ARMS if a != "suffix-arctic-tree"))
-    ap.add_argument("--index", default=PoolSettings().index, help="the semantic key's index spec (data/stateindex.py)")
+    ap.add_argument("--index", default=PoolSettings().index, help="the semantic key's index spec (data/index/stateindex.py)")
     ap.add_argument("--knn-recall-every", type=int, default=PoolSettings().knn_recall_every)
     ap.add_argument("--index-train-size", type=int, default=PoolSettings().index_train_size)
     ap.add_argument("--nodes", type=int, default=60)

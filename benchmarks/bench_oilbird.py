@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from bench_decode import SPEED_HEADS, add_serve_args, serve, speed_columns, speed_notes  # benchmarks/ is on sys.path
-from data.benchmarks import get_benchmark
+from data.benchmarks.registry import get_benchmark
 from data.errors import OilbirdError, cli_entry
 
 DEFAULT_ARMS = ("ar", "ar-static", "recycling", "sam", "suffix", "lexical", "oilbird", "oilbird-no-semantic",

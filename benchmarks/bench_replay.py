@@ -24,7 +24,7 @@ import sys
 import time
 
 from data.errors import OilbirdError, cli_entry
-from data.layout import bench_replay_dir, model_slug
+from data.store.layout import bench_replay_dir, model_slug
 from decoder.policy import DECISION_ARMS, TARGET_RATIO
 from decoder.replay import ReplayConfig, run_replay
 from decoder.replay_table import format_table

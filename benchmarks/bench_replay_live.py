@@ -43,7 +43,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
 
-    from data.layout import bench_replay_dir, model_slug
+    from data.store.layout import bench_replay_dir, model_slug
     from decoder.harness import DecodeConfig, run_decode
     from decoder.replay import ReplayConfig, resolve_arms, run_replay
 

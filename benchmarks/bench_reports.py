@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.errors import cli_entry
-from data.layout import RUNS, census_dir, decode_dir, store_dir
+from data.store.layout import RUNS, census_dir, decode_dir, store_dir
 
 SHARED_STORIES = Path(__file__).resolve().parents[2] / "shared" / "models" / "stories260k"
 

@@ -43,10 +43,10 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError, cli_entry
-from data.layout import census_dir, default_profile_path, model_slug, store_dir
-from data.schema import prompt_hash
-from data.store import open_store
-from data.writer import StoreWriter, TraceRecord
+from data.store.layout import census_dir, default_profile_path, model_slug, store_dir
+from data.store.schema import prompt_hash
+from data.store.reader import open_store
+from data.store.writer import StoreWriter, TraceRecord
 from tiling import make_disguise, noise_scale, store_vocab  # benchmarks/tiling.py, beside this script
 
 DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
@@ -128,7 +128,7 @@ def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, rec
 
 def retrieval(states: np.ndarray, index: str, queries: int, seed: int = 0) -> dict:
     """Median single-query latency against `states`: the index, and the exact float16 product."""
-    from data.stateindex import StateIndex, unit
+    from data.index.stateindex import StateIndex, unit
 
     rng = np.random.default_rng(seed)
     q_rows = rng.choice(len(states), queries, replace=False)

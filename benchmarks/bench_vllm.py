@@ -5,8 +5,8 @@ Arms, each in its own process (`python -m decoder vllm-run`, one engine; vLLM's 
   vllm-greedy           no speculation: the reference every arm must equal, and the speed baseline
   vllm-ngram            vLLM's prompt lookup at vLLM's defaults (n = 5), k draft tokens
   vllm-suffix           vLLM's suffix method (ArcticInference's SuffixDecoding) at vLLM's defaults
-  oilbird-no-semantic   decoder/vllm_proposer.py, the key off
-  oilbird               decoder/vllm_proposer.py, the key on
+  oilbird-no-semantic   decoder/vllm/proposer.py, the key off
+  oilbird               decoder/vllm/proposer.py, the key on
 Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
 prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
 waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round.
@@ -37,11 +37,11 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import OilbirdError, cli_entry
-from data.files import atomic_write_json
-from data.layout import model_slug, store_dir
-from data.models import resolve_model
-from data.store import open_store
-from data.vllm_engine import require_vllm
+from data.store.files import atomic_write_json
+from data.store.layout import model_slug, store_dir
+from data.capture.models import resolve_model
+from data.store.reader import open_store
+from data.capture.vllm_engine import require_vllm
 
 ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "oilbird-no-semantic", "oilbird")
 REPO = Path(__file__).resolve().parents[1]

@@ -80,13 +80,13 @@ def _whole_store_child(store: str, limit: int | None, rounds: int, nodes: int, v
                        quiet: bool) -> dict:
     import torch
 
-    from data.store import open_store
+    from data.store.reader import open_store
     from decoder.traces import load_traces
 
     # drafting is one thread: one torch thread leaves the other core to the key's worker (key_overlap auto, which
     # `spare_core` turns on only then); torch's second thread would spin on it after every pool append
     torch.set_num_threads(threads or 1)
-    from data import keyscan
+    from data.index import keyscan
     from decoder.drafters.oilbird import spare_core
 
     say = None if quiet else (lambda arm, r, x: print(  # noqa: E731

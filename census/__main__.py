@@ -49,7 +49,7 @@ def _index_args(p: argparse.ArgumentParser, index: bool = True) -> None:
     if index:
         p.add_argument("--index", default=DEFAULTS.index,
                        help="semantic key's index: exact (default), flat, sq8, pq64, pca128,sq8, opq64,pq64, "
-                            "ivf1024,pq64, hnsw32 (data/stateindex.py)")
+                            "ivf1024,pq64, hnsw32 (data/index/stateindex.py)")
     p.add_argument("--index-train", type=int, default=None,
                    help="states an index collects before it trains (default: the spec's own need)")
     p.add_argument("--recall-sample", type=int, default=DEFAULTS.recall_sample,
@@ -84,8 +84,8 @@ def _sweep_parser(kind: str) -> argparse.ArgumentParser:
 
 def _grid_parser() -> argparse.ArgumentParser:
     from census.grid import GridCapture
-    from data.benchmarks import GRID_BENCHES
-    from data.jsonl import MAX_LINE_HELP
+    from data.benchmarks.registry import GRID_BENCHES
+    from data.benchmarks.jsonl import MAX_LINE_HELP
 
     cap = GridCapture()
     p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks "
@@ -97,7 +97,7 @@ def _grid_parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", choices=["past", "warm"], default="past")
     p.add_argument("--capture", action="store_true",
                    help="capture (or resume) a missing store first, with the grid's per-benchmark limit "
-                        "(data/benchmarks.py GRID_LIMITS: 20 min of capture on 2 cores)")
+                        "(data/benchmarks/registry.py GRID_LIMITS: 20 min of capture on 2 cores)")
     p.add_argument("--max-new-tokens", type=int, default=cap.max_new_tokens,
                    help=f"--capture's token cap ({cap.max_new_tokens})")
     p.add_argument("--batch-size", type=int, default=cap.batch_size, help=f"--capture's rows ({cap.batch_size})")
@@ -122,8 +122,8 @@ def main(argv: list[str] | None = None) -> int:
                        seed=args.seed, device=args.device, index=args.index, index_train=args.index_train,
                        recall_sample=args.recall_sample, store_budget=args.store_budget).validate()
     if args.if_missing and not args.no_embeddings:
-        from data.layout import census_dir, model_slug, store_dir
-        from data.store import current_summary
+        from data.store.layout import census_dir, model_slug, store_dir
+        from data.store.reader import current_summary
 
         slug = model_slug(args.model)
         target = census_dir(args.out, args.bench, slug, cfg.pool)
@@ -133,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
                   file=sys.stderr)
             print(target)
             return 0
-    from data.layout import check_writable, model_dir, model_slug
+    from data.store.layout import check_writable, model_dir, model_slug
 
     # before any work: the census writes its temporary folder beside census/, in the model's folder
     check_writable(model_dir(args.out, args.bench, model_slug(args.model)))
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _sweep(kind: str, args) -> int:
     from census import sweep
-    from data.layout import check_writable, model_slug, sweeps_dir
+    from data.store.layout import check_writable, model_slug, sweeps_dir
 
     check_writable(sweeps_dir(args.out, args.bench, model_slug(args.model)))  # before any work
     cfg = CensusConfig(pool=args.pool, candidates=args.candidates, seed=args.seed, device=args.device,
@@ -171,9 +171,9 @@ def _sweep(kind: str, args) -> int:
 
 def _grid(args) -> int:
     from census.grid import GridCapture, format_grid, grid_table
-    from data.files import atomic_write_bytes, atomic_write_json, clean_leftovers
-    from data.jsonl import line_bound
-    from data.layout import check_writable, grid_dir, grid_name, model_slug
+    from data.store.files import atomic_write_bytes, atomic_write_json, clean_leftovers
+    from data.benchmarks.jsonl import line_bound
+    from data.store.layout import check_writable, grid_dir, grid_name, model_slug
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]
     if not benches:

@@ -11,13 +11,13 @@ equals r's (an identical prompt replays the same greedy trace) and without the r
 tenant (a tenant never drafts from another tenant's traces). Prompts are never pooled.
 
 Store budget (--store-budget, past only). The past pool is bounded: request r draws from requests
-s(r) .. r-1 only, with s(r) from data/budget.py's window_starts over every request's generated
+s(r) .. r-1 only, with s(r) from data/index/budget.py's window_starts over every request's generated
 length (the single definition the decoder and the replay read too), still without same-prompt and
 other-tenant traces. A budget in MB is turned into tokens at the bytes a pooled token costs: 2 d + 4
 with the exact key (a float16 state and an int32 token), the index's code bytes + 4 with --index.
 Every key reads the same bounded pool.
 
-Index (--index). The semantic key may search a data/stateindex.py index (sq8, pq64, ...) instead of
+Index (--index). The semantic key may search a data/index/stateindex.py index (sq8, pq64, ...) instead of
 the exact cosine: the pool is the same, request r's entries join the index only after r's queries
 (past), and sem_hit / sem_best_cos use the index's own ranking and score. `exact` (the default) is
 the definition below.
@@ -118,14 +118,14 @@ class CensusConfig:
     bootstrap: int = 2000  # request-level bootstrap draws (0: no bootstrap intervals)
     seed: int = 0  # bootstrap seed
     device: str | None = None  # kNN device; default cuda when available
-    index: str = "exact"  # semantic key's index: exact (census/knn.py) or a data/stateindex.py spec (sq8, pq64, ...)
+    index: str = "exact"  # semantic key's index: exact (census/knn.py) or a data/index/stateindex.py spec (sq8, pq64, ...)
     index_train: int | None = None  # states an index collects before it trains (None: the spec's own need)
     recall_sample: int = 1024  # positions (and gap positions) sampled to check an index against exact
     store_budget: str | None = None  # bounded past pool: tokens (200k) or megabytes (64MB); None: unbounded
 
     def validate(self) -> "CensusConfig":
-        from data.budget import parse_budget  # here, not at the top: data.stateindex imports torch
-        from data.stateindex import parse_index_spec
+        from data.index.budget import parse_budget  # here, not at the top: data.index.stateindex imports torch
+        from data.index.stateindex import parse_index_spec
 
         if self.pool not in POOL_MODES:
             raise OilbirdError(f"unknown pool mode '{self.pool}'; use past or warm")
@@ -149,7 +149,7 @@ class CensusConfig:
         if self.bootstrap < 0:
             raise OilbirdError(f"--bootstrap must be >= 0 (got {self.bootstrap})")
         if self.device:  # an unknown device, or cuda on a CPU build, is one line here, not a torch traceback
-            from data.models import pick_device
+            from data.capture.models import pick_device
 
             pick_device(self.device)
         return self
@@ -182,7 +182,7 @@ class Trace:
 
 @dataclass
 class CensusInput:
-    """Everything the census reads, flat: the trace store's layout (data/store.py)."""
+    """Everything the census reads, flat: the trace store's layout (data/store/reader.py)."""
 
     prompts: list[np.ndarray]  # per request, int64
     tokens: np.ndarray  # [N] generated tokens, requests concatenated in serving order
@@ -280,7 +280,7 @@ class CensusInput:
 
     @classmethod
     def from_store(cls, store) -> "CensusInput":
-        """Adapter from data.store.TraceStore (read with load_hidden=True)."""
+        """Adapter from data.store.reader.TraceStore (read with load_hidden=True)."""
         tenant = None
         if "tenant" in store.requests.columns:  # stores written before the column have one tenant
             tenant = [str(t or "") for t in store.requests["tenant"].to_list()]

@@ -3,7 +3,7 @@
 A benchmark whose census is missing, or was computed from an earlier state of its store, is censused
 first. Without a store: with `capture` (`python -m census grid --capture`, `make grid`) the store is
 captured with the grid's settings (`GridCapture`: the cap, the batch width, and the per-benchmark
-first-N limit of data/benchmarks.py GRID_LIMITS, said on stderr); otherwise it is an error naming the
+first-N limit of data/benchmarks/registry.py GRID_LIMITS, said on stderr); otherwise it is an error naming the
 capture to run. A partial store (a killed capture) resumes.
 """
 
@@ -28,7 +28,7 @@ class GridCapture:
 
 
 def _store_complete(path: Path, want: int | None) -> bool:
-    from data.store import read_meta
+    from data.store.reader import read_meta
 
     if not (path / "meta.json").exists():
         return False
@@ -44,8 +44,8 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
     """The benchmark's trace store exists (captured or resumed here when `capture` is given)."""
     import sys
 
-    from data.benchmarks import grid_limit, grid_limit_note, load_requests
-    from data.layout import model_slug, store_dir
+    from data.benchmarks.registry import grid_limit, grid_limit_note, load_requests
+    from data.store.layout import model_slug, store_dir
 
     path = store_dir(out, bench, model_slug(model))
     limit = grid_limit(bench) if capture is not None and capture.limits else None
@@ -58,8 +58,8 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
           file=sys.stderr)
     if _store_complete(path, limit or len(load_requests(bench))):  # a shorter store is extended
         return
-    from data.capture import CaptureConfig, capture as run_capture
-    from data.models import load_model
+    from data.capture.run import CaptureConfig, capture as run_capture
+    from data.capture.models import load_model
 
     if "lm" not in loaded:
         loaded["lm"] = load_model(model)
@@ -70,8 +70,8 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
 def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
     """The census summary of the store as it is now: read when current, else computed."""
     from census.output import run_census
-    from data.layout import census_dir, model_slug, store_dir
-    from data.store import current_summary
+    from data.store.layout import census_dir, model_slug, store_dir
+    from data.store.reader import current_summary
 
     folder = census_dir(out, bench, model_slug(model), cfg.pool)
     store = store_dir(out, bench, model_slug(model))
@@ -83,9 +83,9 @@ def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, prog
 
 def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Path = "runs",
                progress: bool = True, capture: GridCapture | None = None) -> dict:
-    from data.benchmarks import get_benchmark
-    from data.layout import model_slug, store_dir
-    from data.store import read_meta
+    from data.benchmarks.registry import get_benchmark
+    from data.store.layout import model_slug, store_dir
+    from data.store.reader import read_meta
 
     if capture is not None:
         for bench in benches:

@@ -1,4 +1,4 @@
-"""The lexical pool's answers: a pool view over data/automaton.py's suffix automata.
+"""The lexical pool's answers: a pool view over data/index/automaton.py's suffix automata.
 
 The pool's traces are held in `SuffixAutomaton(count_len, positions=False)`: one sequence per
 pooled trace's generated tokens (no match crosses a request boundary), grown trace by trace as
@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from data.automaton import SuffixAutomaton
+from data.index.automaton import SuffixAutomaton
 
 @dataclass
 class LexicalRow:

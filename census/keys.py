@@ -1,7 +1,7 @@
 """The census's semantic and static-embedding keys: one top-k contract over the pool's rows.
 
 `SemanticKey` is the exact key (census/knn.py: one batched exact top-k per request against the
-pool's rows); `IndexedKey` answers the same contract from a data/stateindex.py index (--index);
+pool's rows); `IndexedKey` answers the same contract from a data/index/stateindex.py index (--index);
 `EmbeddingKey` is the static-embedding key (the model's input embedding of the input token).
 """
 
@@ -13,7 +13,7 @@ import torch
 from census.definitions import CensusConfig
 from census.knn import exact_cosines, float32_margin, row_norms, topk_exact, unit_rows
 from census.pool import TokenEntries
-from data.stateindex import IndexSpec, StateIndex
+from data.index.stateindex import IndexSpec, StateIndex
 
 
 class SemanticKey:
@@ -64,7 +64,7 @@ class SemanticKey:
 
 
 class IndexedKey:
-    """The semantic key over a data/stateindex.py index, with SemanticKey's topk contract (the
+    """The semantic key over a data/index/stateindex.py index, with SemanticKey's topk contract (the
     cosine column holds the index's own score). Past mode adds request r's states (ids = entry
     rows) only after r's queries; warm mode adds every state up front. A store budget evicts the
     rows below the window; same-prompt traces are left out by id range."""

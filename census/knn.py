@@ -9,7 +9,7 @@ score. Those few shortlisted pairs are rescored in float64 and ranked by (-cosin
 
 faiss is not used here: its exact index (IndexFlatIP) is this same matrix product with a heap, and
 its approximate indices would break exactness; torch.topk on the product is as fast on CPU and runs
-on CUDA unchanged. `--index` (keys.py's IndexedKey, data/stateindex.py) is where faiss comes in, to
+on CUDA unchanged. `--index` (keys.py's IndexedKey, data/index/stateindex.py) is where faiss comes in, to
 measure what a compressed index costs against this exact key.
 """
 

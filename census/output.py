@@ -1,7 +1,7 @@
 """The census's outputs: read the trace store, run the census, write positions.parquet and summary.json.
 
 `run_census` is what `python -m census` runs: the store of runs/<bench>/<model> in, the census
-folder (data/layout.py `census_dir`) out, both files written as one unit (`write_census`).
+folder (data/store/layout.py `census_dir`) out, both files written as one unit (`write_census`).
 `format_summary` is the command's printed summary.
 """
 
@@ -19,17 +19,17 @@ from census.definitions import CensusConfig, CensusInput
 from census.positions import census_run
 from census.summary import summarize
 from data.errors import OilbirdError
-from data.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir
-from data.layout import census_dir, model_slug, store_dir
-from data.models import pick_device, same_model
-from data.store import TraceStore, open_store
+from data.store.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir
+from data.store.layout import census_dir, model_slug, store_dir
+from data.capture.models import pick_device, same_model
+from data.store.reader import TraceStore, open_store
 
 
 def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
     """The model's input embedding matrix, or (None, why not) when the model cannot be loaded here.
     A model that loads but is not the one the store was captured with is refused (one line)."""
     try:
-        from data.models import load_model
+        from data.capture.models import load_model
 
         lm = load_model(meta["model"], dtype="float32", device="cpu")
     except Exception as e:  # any failure to load only costs the static-embedding key
@@ -95,7 +95,7 @@ UNVERIFIED_NOTE = ("computed on an unverified trace store (no checksums in its m
 
 def store_provenance(store: TraceStore) -> dict:
     """What a result records about the store it was computed on: `store_fingerprint` (what makes it
-    stale when the store changes: data/store.py `current_fingerprint`) and `store_verified` (false:
+    stale when the store changes: data/store/reader.py `current_fingerprint`) and `store_verified` (false:
     a store without checksums; the result's notes and the reports say so)."""
     return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified)}
 

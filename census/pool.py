@@ -18,10 +18,10 @@ import numpy as np
 
 from census.definitions import CensusConfig, CensusInput, entry_valid
 from census.index import PoolView
-from data.automaton import SuffixAutomaton
-from data.budget import Budget, bytes_per_token, parse_budget, window_starts
+from data.index.automaton import SuffixAutomaton
+from data.index.budget import Budget, bytes_per_token, parse_budget, window_starts
 from data.errors import OilbirdError
-from data.stateindex import IndexSpec, check_trainable, parse_index_spec
+from data.index.stateindex import IndexSpec, check_trainable, parse_index_spec
 
 
 class TokenEntries:
@@ -152,7 +152,7 @@ class Setup:
     budget: Budget | None
     budget_tokens: int | None  # None: unbounded
     bytes_per_token: float  # what a pooled token costs (a budget in MB is read with it)
-    starts: np.ndarray  # window start of every request (data/budget.py)
+    starts: np.ndarray  # window start of every request (data/index/budget.py)
     parts: list[Part]
 
 
@@ -177,7 +177,7 @@ def prepare(data: CensusInput, cfg: CensusConfig) -> Setup:
             sub, rows = data, np.arange(data.n_positions)
         else:
             sub, rows = data.subset(reqs)
-        # the window is the store's (data/budget.py); inside a tenant it starts at its first request >= s(r)
+        # the window is the store's (data/index/budget.py); inside a tenant it starts at its first request >= s(r)
         sub_starts = np.searchsorted(reqs, starts[reqs])
         parts.append(Part(sub, reqs, rows, PoolPlan(sub, cfg.pool, sub_starts)))
     return Setup(spec, budget, budget_tokens, bpt, starts, parts)

@@ -26,10 +26,10 @@ from census.keys import EmbeddingKey, IndexedKey, SemanticKey, make_key
 from census.knn import set_exact_matmul
 from census.pool import LexicalPool, Part, TokenEntries, local_rows, prepare
 from census.recall import index_block
-from data.budget import LOW_WATER
+from data.index.budget import LOW_WATER
 from data.errors import OilbirdError
-from data.models import pick_device
-from data.stateindex import IndexSpec
+from data.capture.models import pick_device
+from data.index.stateindex import IndexSpec
 
 
 def adjacency_hits(ent, token_entries: TokenEntries, off: int, out: np.ndarray, hi: int,

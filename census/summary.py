@@ -2,7 +2,7 @@
 
 Top level: bench, model, model_fingerprint, d_model, layer, pool, positions, requests,
 requests_with_positions, config (the CensusConfig used), store (its path), store_fingerprint (the
-store it was computed on: data/store.py `TraceStore.fingerprint`; the reports mark the census stale
+store it was computed on: data/store/reader.py `TraceStore.fingerprint`; the reports mark the census stale
 when the store's current one differs) and store_verified (false: the store had no checksums to check
 its files against; a note says so too), emb_key, notes, timing, and four proportions
   available   over all positions
@@ -37,7 +37,7 @@ Proportions carry {value, wilson, bootstrap, k, n}; medians, means and ratios {v
 run_census adds blocks that are not functions of positions.parquet:
   index        the semantic key (--index): StateIndex.describe() (spec, factory, trained,
                train_size, bytes_per_state, fixed_bytes, queries, warmup_queries; exact: float16
-               states), bytes_per_token (what a pooled token costs: data/budget.py bytes_per_token), and
+               states), bytes_per_token (what a pooled token costs: data/index/budget.py bytes_per_token), and
                against the exact key on the same pools: knn_recall (recall@candidates of the key's
                neighbour ids, over knn_sample seeded positions), gap_recall_exact /
                gap_recall_index (each key's sem hit rate at gap_sample seeded gap positions) and

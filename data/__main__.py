@@ -12,12 +12,12 @@ import argparse
 import sys
 
 from data.errors import OilbirdError, cli_entry
-from data.jsonl import MAX_LINE_HELP
-from data.layout import RUNS
+from data.benchmarks.jsonl import MAX_LINE_HELP
+from data.store.layout import RUNS
 
 
 def _cmd_list(args) -> int:
-    from data.benchmarks import list_benchmarks, load_requests
+    from data.benchmarks.registry import list_benchmarks, load_requests
 
     print(f"{'benchmark':<18} {'requests':>8}  {'max_new':>7}  source")
     for info in list_benchmarks():
@@ -36,7 +36,7 @@ def _limit(bench: str, text: str | None) -> int | None:
     if text is None:
         return None
     if text == "grid":
-        from data.benchmarks import grid_limit, grid_limit_note
+        from data.benchmarks.registry import grid_limit, grid_limit_note
 
         print(grid_limit_note(bench) + " (--limit grid)", file=sys.stderr)
         return grid_limit(bench)
@@ -47,9 +47,9 @@ def _limit(bench: str, text: str | None) -> int | None:
 
 
 def _cmd_capture(args) -> int:
-    from data.capture import CaptureConfig, capture
-    from data.jsonl import line_bound
-    from data.layout import check_writable, model_slug, store_dir
+    from data.capture.run import CaptureConfig, capture
+    from data.benchmarks.jsonl import line_bound
+    from data.store.layout import check_writable, model_slug, store_dir
 
     # before the model loads: a --model or --bench that would leave its folder, and an --out that cannot
     # be written (a file, /proc, immutable), each end in one line here, not in a traceback after the work
@@ -69,7 +69,7 @@ def _cmd_capture(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from data.store import open_store
+    from data.store.reader import open_store
 
     st = open_store(args.path, load_hidden=False)
     lens = st.requests["output_tokens"].list.len()
@@ -119,14 +119,14 @@ def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:
 
 
 def _cmd_verify(args) -> int:
-    from data.verify import verify_store
+    from data.store.verify import verify_store
 
     print(verify_store(args.path))
     return 0
 
 
 def _cmd_migrate(args) -> int:
-    from data.migrate import migrate_store
+    from data.store.migrate import migrate_store
 
     print(migrate_store(args.path))
     return 0
@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")
     c.add_argument("--limit", default=None,
                    help="first N requests only; `grid`: the cross-benchmark grid's limit for this benchmark "
-                        "(data/benchmarks.py GRID_LIMITS, sized for 20 min of capture on 2 cores)")
+                        "(data/benchmarks/registry.py GRID_LIMITS, sized for 20 min of capture on 2 cores)")
     c.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: per benchmark)")
     c.add_argument("--batch-size", type=int, default=1, help="rows decoded together (default 1; the make targets use 32)")
     c.add_argument("--mode", choices=["generate", "reference"], default="generate")
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="harness (default: this package's decoding loop) or vllm (capture by serving; docs/vllm.md)")
     c.add_argument("--agree-with", default=None, metavar="STORE",
                    help="a store of the same requests by the other engine: identical requests, first divergence "
-                        "and state cosine go into this store's meta.json 'agreement' (data/agreement.py)")
+                        "and state cosine go into this store's meta.json 'agreement' (data/capture/agreement.py)")
     c.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)

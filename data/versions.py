@@ -13,6 +13,7 @@ This module imports the standard library only: it must run before the dependenci
 
 from __future__ import annotations
 
+import platform
 import re
 import sys
 from importlib import metadata
@@ -74,3 +75,17 @@ def require_dependencies() -> None:
         print(f"error: {'; '.join(problems)}; `make install` (or `pip install -e .`) installs a tested set",
               file=sys.stderr)
         sys.exit(2)
+
+
+def library_versions() -> dict:
+    """The versions a result was computed with (recorded in every store's and run's meta). The libraries
+    are imported here, not at the top: this module runs before the dependencies are checked."""
+    import numpy
+    import polars
+    import pyarrow
+    import torch
+    import transformers
+
+    return {"python": platform.python_version(), "torch": torch.__version__,
+            "transformers": transformers.__version__, "polars": polars.__version__,
+            "pyarrow": pyarrow.__version__, "numpy": numpy.__version__}

@@ -3,7 +3,7 @@
 Two more commands share the entry point:
   python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay.py)
   python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
-  python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (vllm_run.py)
+  python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (decoder/vllm/run.py)
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return ablations_main(argv[1:])
     if argv and argv[0] == "vllm-run":
-        from decoder.vllm_run import vllm_run_main
+        from decoder.vllm.run import vllm_run_main
 
         return vllm_run_main(argv[1:])
     if argv and argv[0] == "profile":
@@ -98,7 +98,7 @@ def preflight(command: str, argv: list[str]) -> int:
     Only the flags that name the folder are read here (the command's own parser reads them all, and
     answers --help and mistakes); a flag left out takes the command's default. With --if-missing nothing
     may need writing, so only the names are checked."""
-    from data.layout import PROFILES, ablations_dir, check_writable, component, model_slug, replay_dir
+    from data.store.layout import PROFILES, ablations_dir, check_writable, component, model_slug, replay_dir
 
     if any(a in ("-h", "--help") for a in argv):
         return 0
@@ -134,8 +134,8 @@ def preflight(command: str, argv: list[str]) -> int:
 
 @cli_entry
 def serve_main(argv: list[str] | None = None) -> int:
-    from data.jsonl import MAX_LINE_HELP
-    from data.stateindex import DEFAULT_INDEX
+    from data.benchmarks.jsonl import MAX_LINE_HELP
+    from data.index.stateindex import DEFAULT_INDEX
     from decoder.pools import INDEX_HELP
 
     p = argparse.ArgumentParser(
@@ -173,8 +173,8 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
-    from data.jsonl import line_bound
-    from data.layout import check_writable, decode_dir, model_slug
+    from data.benchmarks.jsonl import line_bound
+    from data.store.layout import check_writable, decode_dir, model_slug
     from decoder.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
 
     check_writable(decode_dir(args.out, args.bench, model_slug(args.model)))  # before the model loads

@@ -42,8 +42,8 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import OilbirdError, cli_entry
-from data.files import atomic_write_json
-from data.layout import ABLATIONS_FILE, ablations_dir, model_slug, model_dir
+from data.store.files import atomic_write_json
+from data.store.layout import ABLATIONS_FILE, ablations_dir, model_slug, model_dir
 from decoder.policy import LEXICAL_ARMS, TARGET_LOWER, TARGET_RATIO, target_status
 
 MERGED = "oilbird"

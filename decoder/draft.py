@@ -168,7 +168,7 @@ class Drafter:
         --store-budget window. State that is not a trace pool stays."""
 
     def suspend_request(self) -> object:
-        """The running request's state, for a server that interleaves requests (decoder/vllm_proposer.py:
+        """The running request's state, for a server that interleaves requests (decoder/vllm/proposer.py:
         one drafter, many rows): after `resume_request(state)` the next `propose` and `observe` continue
         that request as if no other had run meanwhile, with the pool as it is then. A drafter that keeps
         nothing per request returns None."""

@@ -7,10 +7,10 @@ loop (decoder/loop.py `speculate`) with `ModelVerifier`, which feeds the anchor 
 one forward (additive float mask, 2D position ids), commits the longest accepted root path plus the
 bonus token, and compacts the cache to the anchor + accepted nodes.
 
-Stopping is the capture rule (data/greedy.py), checked after every committed token in order:
+Stopping is the capture rule (data/capture/greedy.py), checked after every committed token in order:
 an EOS id (kept in the output), a benchmark stop string in the decoded tail of the generated
 tokens (kept), or the token cap, cut per request where the model's context ends
-(`StopRule.within`, data/greedy.py `context_cap`), as capture cuts it. A pass that commits several
+(`StopRule.within`, data/capture/greedy.py `context_cap`), as capture cuts it. A pass that commits several
 tokens is cut where plain greedy decoding would have stopped, so every arm's output equals the
 `ar` output token for token.
 """
@@ -25,9 +25,9 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError
-from data.greedy import context_cap
-from data.models import LayerTap, LoadedModel, cache_kwargs
-from data.schema import TOPK
+from data.capture.greedy import context_cap
+from data.capture.models import LayerTap, LoadedModel, cache_kwargs, text_config
+from data.store.schema import TOPK
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.loop import Cycle, Generation, Speculation, speculate
 from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
@@ -58,7 +58,7 @@ class StopRule:
 
     def within(self, context: int | None, prompt_len: int) -> "StopRule":
         """This rule for one request: its cap cut where the model's context ends (prompt + output <=
-        context, data/greedy.py `context_cap`), so every arm stops where the captured trace did."""
+        context, data/capture/greedy.py `context_cap`), so every arm stops where the captured trace did."""
         cap = context_cap(self.max_new_tokens, prompt_len, context)
         return self if cap == self.max_new_tokens else replace(self, max_new_tokens=cap)
 
@@ -80,7 +80,7 @@ def stop_rule(lm: LoadedModel, stop_strings: Sequence[str], max_new_tokens: int)
 
 def check_supported(model: torch.nn.Module) -> None:
     """The tree mask replaces the model's own masks: refuse models whose layers are not plain causal."""
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model)
     kinds = set(getattr(cfg, "layer_types", None) or ["full_attention"])
     if kinds != {"full_attention"}:
         raise OilbirdError(f"{cfg.model_type} has {', '.join(sorted(kinds - {'full_attention'}))} layers; "

@@ -38,17 +38,17 @@ round-1 tokens, and a difference is printed as a warning and recorded (`rounds_i
 
 The folder is written beside its final place and renamed in, so it is never half old, half new.
 
-The pool: a request's generated tokens and states (data/schema.py convention: row i = the state
+The pool: a request's generated tokens and states (data/store/schema.py convention: row i = the state
 with token i as input, the last row zeros) enter the arm's drafter through `add_trace`, under the
 prompt's hash, once the request has finished (decoder/loop.py `serve_requests`). `--warm-from STORE`
 feeds a captured trace store's requests the same way before serving. A request must not draft from
 its own trace: drafters receive the prompt in `begin_request` and skip pool traces whose prompt hash
-(`data.schema.prompt_hash`) equals the current request's; this matters with `--warm-from` a
+(`data.store.schema.prompt_hash`) equals the current request's; this matters with `--warm-from` a
 store of the same benchmark and with repeated prompts.
 
 Pools (decoder/pools.py): `--index SPEC` keeps the semantic key's states in a faiss index (exact,
 the default, is the float16 matrix, unchanged); `--store-budget B` bounds the past pool to the
-data/budget.py window; requests of different tenants (`Request.tenant`) are served by different
+data/index/budget.py window; requests of different tenants (`Request.tenant`) are served by different
 drafters of the arm, so none drafts from another tenant's traces (warm traces go to their own
 tenant's drafter). summary.json adds index, bytes_per_state, warmup_queries, knn_recall, tenants,
 store_budget, store_budget_tokens and max_pool_tokens.
@@ -71,17 +71,17 @@ import numpy as np
 import pyarrow as pa
 import torch
 
-from data.benchmarks import get_benchmark, load_requests
-from data.budget import check_budget
-from data.capture import library_versions
+from data.benchmarks.registry import get_benchmark, load_requests
+from data.index.budget import check_budget
+from data.versions import library_versions
 from data.errors import OilbirdError
-from data.files import atomic_write_json, atomic_write_table
-from data.greedy import context_cap, context_note
-from data.layout import component, decode_dir
-from data.stateindex import DEFAULT_INDEX
-from data.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
-from data.schema import prompt_hash
-from data.store import open_store
+from data.store.files import atomic_write_json, atomic_write_table
+from data.capture.greedy import context_cap, context_note
+from data.store.layout import component, decode_dir
+from data.index.stateindex import DEFAULT_INDEX
+from data.capture.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
+from data.store.schema import prompt_hash
+from data.store.reader import open_store
 from data.stats import RequestBootstrap
 from decoder.audit import lossless_audit
 from decoder.draft import Drafter
@@ -113,7 +113,7 @@ class DecodeConfig:
     dtype: str | None = None  # default float32 on CPU, bfloat16 on CUDA
     device: str | None = None
     progress: bool = True
-    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/stateindex.py; decoder/pools.py)
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/index/stateindex.py; decoder/pools.py)
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
@@ -408,7 +408,7 @@ class Serving:
 
 
 def check_context(lm: LoadedModel, requests, prompts: list[list[int]], max_new: int) -> None:
-    """A prompt longer than the model's context is refused (capture's rule: data/capture.py fit_prompts);
+    """A prompt longer than the model's context is refused (capture's rule: data/capture/run.py fit_prompts);
     a cap that runs past it is cut per request (decoder/engine.py StopRule.within), said in one note."""
     ctx = lm.context
     if not ctx:
@@ -451,7 +451,7 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         print(f"note: {note}", file=sys.stderr)
     stop = stop_rule(lm, stop_strings, max_new)
     warm_pool = load_warm_pool(cfg.warm_from, lm) if cfg.warm_from else []
-    tenants = [getattr(r, "tenant", "") or "" for r in requests]  # before data.benchmarks had tenants: one
+    tenants = [getattr(r, "tenant", "") or "" for r in requests]  # before data.benchmarks.registry had tenants: one
     prompts = [encode_prompt(lm, r.messages) for r in requests]
     if any(not p for p in prompts):
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")

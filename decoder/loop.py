@@ -29,7 +29,7 @@ from typing import Callable, Protocol, Sequence
 
 import numpy as np
 
-from data.schema import prompt_hash
+from data.store.schema import prompt_hash
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.pools import TenantPools
 
@@ -50,7 +50,7 @@ class Cycle:
 
 @dataclass
 class Generation:
-    """One decoded request. `hidden`/`topk` follow the trace store's convention (data/schema.py):
+    """One decoded request. `hidden`/`topk` follow the trace store's convention (data/store/schema.py):
     row i is the state (top-8) computed with tokens[i] as input; the last row is zeros (never fed)."""
 
     tokens: list[int]

@@ -2,21 +2,21 @@
 
 Three settings, shared by the decoder (`python -m decoder`) and replay (`python -m decoder replay`):
 
-  --index SPEC        the semantic key's index (data/stateindex.py). `auto` (default) is the
+  --index SPEC        the semantic key's index (data/index/stateindex.py). `auto` (default) is the
                       float16 matrix of decoder/drafters/semantic.py, every row scored while the
                       pool is small, then only the candidates of an inverted file trained on the
-                      pool (data/pruner.py); `exact` always scores every row; a faiss spec keeps
+                      pool (data/index/pruner.py); `exact` always scores every row; a faiss spec keeps
                       the states in a faiss `StateIndex`. It reaches every arm with a semantic
                       pool through `make_drafter(shared={"index": ...})`.
-  --store-budget B    the pool holds at most B generated tokens (or B megabytes at data.budget's
+  --store-budget B    the pool holds at most B generated tokens (or B megabytes at data.index.budget's
                       `bytes_per_token`), whole traces in serving order:
-                      request r drafts only from requests s(r) .. r-1 with s = data.budget's
+                      request r drafts only from requests s(r) .. r-1 with s = data.index.budget's
                       `window_starts` (the one definition: when a join takes the pool above B the
                       oldest traces leave until it holds <= 7/8 B). Past pool only.
-  tenants             a request's `tenant` (data.request.Request, the store's `tenant` column;
+  tenants             a request's `tenant` (data.benchmarks.request.Request, the store's `tenant` column;
                       "" when absent): one drafter per tenant, so no request ever drafts from
                       another tenant's traces (nor from its adjacency rows or ring buffer). The
-                      budget window is global, over serving order (data/budget.py); each tenant's
+                      budget window is global, over serving order (data/index/budget.py); each tenant's
                       drafter holds its own traces inside it.
 
 `TenantPools` is the one implementation, used by the one request runner (decoder/loop.py
@@ -32,10 +32,10 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from data.budget import bytes_per_token, check_budget, parse_budget, window_starts
+from data.index.budget import bytes_per_token, check_budget, parse_budget, window_starts
 from data.errors import OilbirdError
-from data.schema import prompt_hash
-from data.stateindex import DEFAULT_INDEX, IndexSpec, parse_index_spec
+from data.store.schema import prompt_hash
+from data.index.stateindex import DEFAULT_INDEX, IndexSpec, parse_index_spec
 from decoder.draft import Drafter
 
 INDEX_HELP = ("the semantic key's index: auto (default: exact float16 scoring while the pool is small, then an "
@@ -48,7 +48,7 @@ SETTINGS = ("knn_recall_every", "knn_recall_k")  # drafter stats that are settin
 class PoolSettings:
     """The pool as a run configures it (defaults: the auto index, unbounded)."""
 
-    index: str = DEFAULT_INDEX  # --index: the semantic key's index spec (data/stateindex.py)
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index spec (data/index/stateindex.py)
     budget_tokens: int | None = None  # --store-budget in tokens; None = unbounded
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query is repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
@@ -142,7 +142,7 @@ class TenantPools:
         if r != len(self.lengths):
             raise ValueError(f"request {r} begun after {len(self.lengths)} finished: serve in order")
         if self.budget is not None and self.held > self.budget:
-            # the window only moves when a join took the pool above the budget; data.budget says where to
+            # the window only moves when a join took the pool above the budget; data.index.budget says where to
             s = self.start + int(window_starts(self.lengths[self.start:] + [0], self.budget)[-1])
             for t, q in self.pooled.items():
                 n = 0
@@ -218,7 +218,7 @@ def index_summary(stats: dict | None, spec: IndexSpec | str) -> dict:
         recall = {"value": stats["knn_recall_hits"] / total if total else None, "k": stats.get("knn_recall_k"),
                   "queries": stats["knn_recall_queries"], "every": stats.get("knn_recall_every"),
                   "hits": stats["knn_recall_hits"], "total": total,
-                  "definition": "tie-aware recall@k (data/knnrecall.py) of the rows against an exact float16 "
+                  "definition": "tie-aware recall@k (data/index/knnrecall.py) of the rows against an exact float16 "
                                 "query over the same rows, on every Nth query the pruned or trained index answered"}
     return {"index": spec if isinstance(spec, str) else spec.text,
             "active_index": stats.get("active_index") if has_states else None,

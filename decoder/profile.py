@@ -11,7 +11,7 @@ past_len) + the measured drafting and update time; plain greedy decoding is pref
 + one verify_s(0, past_len) per generated token; the speedup is their ratio. `CostModel` reads the
 profile and interpolates between the measured grid points.
 
-Files: runs/profiles/<model>-<device>.json (data/layout.py `default_profile_path`); the format is `measure_profile`'s.
+Files: runs/profiles/<model>-<device>.json (data/store/layout.py `default_profile_path`); the format is `measure_profile`'s.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ import numpy as np
 import torch
 
 from data.errors import OilbirdError, cli_entry
-from data.layout import default_profile_path
+from data.capture.models import text_config
+from data.store.layout import default_profile_path
 
 FORMAT = 1
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -53,7 +54,7 @@ class ProfileConfig:
     reps: int = 3  # timed runs per grid point; the median is kept
     out: str = "runs"  # runs root
     file: str | None = None  # output path; default runs/profiles/<model>-<device>[-vllm].json
-    engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm_profile.py: a vLLM step)
+    engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm/profile.py: a vLLM step)
     batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
@@ -66,7 +67,7 @@ def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
 
     points = 4 gives the 10/50/90/100% quantiles (the max, so replay interpolates rather than
     extrapolates), each rounded up to a multiple of 16, deduplicated."""
-    from data.store import open_store
+    from data.store.reader import open_store
 
     if points < 1:
         raise OilbirdError(f"points must be at least 1 (got {points})")
@@ -84,7 +85,7 @@ def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
 
 
 def max_positions(model: torch.nn.Module) -> int | None:
-    cfg = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    cfg = text_config(model)
     for key in ("max_position_embeddings", "n_positions", "max_sequence_length"):
         value = getattr(cfg, key, None)
         if isinstance(value, int) and value > 0:
@@ -350,7 +351,7 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
             raise OilbirdError(f"--contexts must be lengths of at least 1 (got {','.join(map(str, cfg.contexts))})")
         return tuple(cfg.contexts)
     if cfg.bench is not None:
-        from data.layout import store_dir
+        from data.store.layout import store_dir
 
         path = store_dir(cfg.out, cfg.bench, slug)
         if not (path / "meta.json").exists():
@@ -367,9 +368,9 @@ def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> P
 
 def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     """Check the config, load the model, measure, write the JSON; (profile, path)."""
-    from data.files import atomic_write_json
-    from data.layout import model_slug
-    from data.models import load_model
+    from data.store.files import atomic_write_json
+    from data.store.layout import model_slug
+    from data.capture.models import load_model
     from decoder.engine import check_supported
 
     bad = [n for n in cfg.nodes if not 0 <= n <= MAX_NODES]
@@ -384,7 +385,7 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     if max(cfg.batch_sizes) > 1 and cfg.engine != "vllm":
         raise OilbirdError("--batch-sizes above 1 needs --engine vllm (the harness verifies one request a pass)")
     if cfg.engine == "vllm":
-        from data.vllm_engine import require_vllm
+        from data.capture.vllm_engine import require_vllm
 
         require_vllm()
     contexts = resolve_contexts(cfg, model_slug(cfg.model))  # before loading: bad input fails fast
@@ -395,7 +396,7 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         print(f"note: context lengths clipped to the model's {max_positions(lm.model)} positions: "
               f"{','.join(map(str, clipped))}", file=sys.stderr)
     if cfg.engine == "vllm":
-        from decoder.vllm_profile import measure_vllm_profile
+        from decoder.vllm.profile import measure_vllm_profile
 
         dtype = str(lm.dtype).removeprefix("torch.")
         model_dir, lm.model = lm.path, None  # vLLM loads its own copy; this one is not needed any more
@@ -431,15 +432,15 @@ def profile_main(argv: list[str] | None = None) -> int:
                    help="do nothing when the output file already exists (what `make census` uses)")
     p.add_argument("--engine", choices=("harness", "vllm"), default="harness",
                    help="harness (default: one verify_tree forward) or vllm (one vLLM engine step; "
-                        "decoder/vllm_profile.py; written as <model>-<device>-vllm.json)")
+                        "decoder/vllm/profile.py; written as <model>-<device>-vllm.json)")
     p.add_argument("--batch-sizes", default="1", metavar="B,B",
                    help="--engine vllm: also time steps of B requests together (verify_s_by_batch; replay prices "
                         "batch 1, one stream; default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.if_missing:
-        from data.layout import model_slug
-        from data.models import pick_device
+        from data.store.layout import model_slug
+        from data.capture.models import pick_device
 
         target = Path(args.file) if args.file else profile_path(
             args.out, model_slug(args.model), pick_device(args.device).type, args.engine)

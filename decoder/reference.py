@@ -34,8 +34,8 @@ from typing import Sequence
 
 import torch
 
-from data.models import LoadedModel
-from data.schema import TOPK
+from data.capture.models import LoadedModel
+from data.store.schema import TOPK
 from decoder.engine import StopRule
 from decoder.loop import Cycle, Generation
 

@@ -21,13 +21,13 @@ update + pool insertion; plain greedy = prefill + verify(0, context) per token.
 Pools (decoder/pools.py): `--index SPEC` picks the semantic key's index (default auto: the float16
 matrix, pruned by an inverted file once the pool is large; exact scores every row; a faiss spec
 keeps the states in faiss instead); `--store-budget B` bounds the past pool to the
-data/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
+data/index/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
 column gets one drafter per tenant, so no request drafts from another tenant's traces.
 
 Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; with several --nodes
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
 summary.json (see docs/replay.md). Every summary records `store_fingerprint` (the store it was computed on:
-`replay_is_current` and the reports compare it with the store's current one, data/store.py
+`replay_is_current` and the reports compare it with the store's current one, data/store/reader.py
 `current_fingerprint`), `store_verified` (false on a store without checksums) and `store_note` (the line
 saying so, printed under the table).
 """
@@ -46,12 +46,12 @@ from typing import Sequence
 
 import numpy as np
 
-from data.budget import check_budget
+from data.index.budget import check_budget
 from data.errors import OilbirdError
-from data.layout import component, default_profile_path, model_slug, replay_dir, store_dir
-from data.stateindex import DEFAULT_INDEX, check_trainable
+from data.store.layout import component, default_profile_path, model_slug, replay_dir, store_dir
+from data.index.stateindex import DEFAULT_INDEX, check_trainable
 from data.stats import RequestBootstrap
-from data.store import current_summary, open_store
+from data.store.reader import current_summary, open_store
 from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM
@@ -81,7 +81,7 @@ class ReplayConfig:
     profile: str | None = None  # None = runs/profiles/<model slug>-cpu.json when it exists
     jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores)
     progress: bool = True
-    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/stateindex.py; decoder/pools.py)
+    index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/index/stateindex.py; decoder/pools.py)
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
@@ -211,7 +211,7 @@ def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap |
 def replay_is_current(cfg: ReplayConfig) -> bool:
     """Every arm of `cfg` has a result with its settings, computed from the store as it is now, and with
     the speed estimate when a verification-cost profile exists (`--if-missing`)."""
-    from data.models import pick_device
+    from data.capture.models import pick_device
 
     check_config(cfg)
     if cfg.store or cfg.results_dir or cfg.index != DEFAULT_INDEX or cfg.store_budget:
@@ -267,7 +267,7 @@ def check_config(cfg: ReplayConfig) -> None:
 
 def load_cost(cfg: ReplayConfig, slug: str, fingerprint: str):
     """The verification-cost profile (decoder/profile.py), or (None, why not)."""
-    from data.models import pick_device
+    from data.capture.models import pick_device
     from decoder.profile import CostModel
 
     path = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)

@@ -1,7 +1,7 @@
 """Replay's verifier: the captured trace store stands in for the model (decoder/loop.py `Verifier`).
 
 Greedy decoding is deterministic, and the trace store holds every committed token x_t, the state and
-the top-8 computed with x_t as input (data/schema.py). A draft node's fate depends only on the true
+the top-8 computed with x_t as input (data/store/schema.py). A draft node's fate depends only on the true
 continuation: it is accepted iff its root path spells the trace's next tokens. `TraceVerifier` runs
 each pass of the one speculative loop (`speculate`) without the model - SuffixDecoding's offline
 simulator, for every arm, the semantic source included:

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 from data.errors import OilbirdError, cli_entry
-from data.layout import REPORTS_HTML
+from data.store.layout import REPORTS_HTML
 
 
 @cli_entry
@@ -25,7 +25,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
 
-    from data.layout import check_writable
+    from data.store.layout import check_writable
     from reports.render import render_site, write_site
     from reports.results import find_results
 

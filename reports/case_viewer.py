@@ -98,7 +98,7 @@ def load_token_text(model: str | None) -> TokenText:
     try:
         from transformers import AutoTokenizer
 
-        from data.models import resolve_model
+        from data.capture.models import resolve_model
 
         return tokenizer_text(AutoTokenizer.from_pretrained(resolve_model(model)))
     except Exception as e:  # any failure costs only the token text

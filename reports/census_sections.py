@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
-from data.layout import TRACES
+from data.store.layout import TRACES
 from reports import charts
 from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, load_token_text, render_cases
 from reports.htmlkit import esc, finite, humanize, interval, not_available, number, pct, section, table

@@ -1,7 +1,7 @@
 """Whether a result still describes its trace store: stale and unverified results, marked on every page.
 
 Stale: the result's summary.json records the `store_fingerprint` of the store it was computed on
-(census, replay, the vLLM bench), and the store's fingerprint now (data/store.py
+(census, replay, the vLLM bench), and the store's fingerprint now (data/store/reader.py
 `current_fingerprint`, read into `Result.store_fingerprint`) differs: the store was extended,
 recaptured or edited since, so the numbers describe another store than the one beside them.
 Unverified: the summary records `"store_verified": false`: the store had no checksums, so its files

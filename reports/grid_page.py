@@ -9,7 +9,7 @@ own labelled table, never in our columns.
 
 from __future__ import annotations
 
-from data.benchmarks import EXPECTED_COUNTS, GRID_BENCHES
+from data.benchmarks.registry import EXPECTED_COUNTS, GRID_BENCHES
 from decoder.policy import ON_ARM, TARGET_RATIO
 from reports import charts
 from reports.arms import BASIS_TEXT, named, tau_of
@@ -27,7 +27,7 @@ from reports.target import target
 #     request-bootstrap intervals are from that table's caption.
 #   tau_suffix, tau_oilbird: Table tab:main-echo ("The three repetitive workloads"), Llama-3.1-8B block, tau of
 #     SuffixDecoding and of Oilbird (Ours); only these three benchmarks are in it.
-# Keys are this toolkit's benchmark names (data/benchmarks.py); `name` is the paper's.
+# Keys are this toolkit's benchmark names (data/benchmarks/registry.py); `name` is the paper's.
 PAPER_LLAMA_8B = {
     "apibank": {"name": "API-Bank", "avail": 92, "gap": 6.8, "recall": 81, "gap_bootstrap": (5.9, 7.8),
                 "recall_bootstrap": (76.7, 84.8), "tau_suffix": 4.87, "tau_oilbird": 6.76},
@@ -158,7 +158,7 @@ def paper_table(keys: list[str]) -> str:
 
 
 def grid_order(result: Result) -> tuple:
-    """The grid's benchmarks in the grid's order (data/benchmarks.py GRID_BENCHES), any other after them."""
+    """The grid's benchmarks in the grid's order (data/benchmarks/registry.py GRID_BENCHES), any other after them."""
     order = {b: k for k, b in enumerate(GRID_BENCHES)}
     return (order.get(result.bench, len(order)), result.bench)
 

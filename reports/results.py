@@ -2,7 +2,7 @@
 
 Layout read (written by the census and the decoder; only files are read, no code imported):
   runs/<bench>/<model>/traces/meta.json            the store's meta (model name for the tokenizer) and its
-                                                   fingerprint now (data/store.py current_fingerprint: a
+                                                   fingerprint now (data/store/reader.py current_fingerprint: a
                                                    result that recorded another one is stale, reports/freshness.py)
   runs/<bench>/<model>/census/summary.json         census, strictly-past pool
   runs/<bench>/<model>/census/positions.parquet
@@ -39,8 +39,8 @@ from pathlib import Path
 import polars as pl
 
 from data.errors import OilbirdError
-from data.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
-from data.store import current_fingerprint
+from data.store.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
+from data.store.reader import current_fingerprint
 
 # positions.parquet columns the pages use (docs/census.md); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from data.layout import ABLATIONS_FILE
+from data.store.layout import ABLATIONS_FILE
 from decoder.policy import (LEXICAL_ARMS, ON_ARM, TARGET_LOWER, TARGET_RATIO, TARGET_RULE, target_interval,
                             target_status)
 from reports.arms import as_dict, est_speedup, named, tau_of

@@ -60,7 +60,7 @@ def reference_windows(lengths: list[int], budget_tokens: int | None, low_water: 
 def reference_census(traces, cfg, embeddings=None) -> list[dict]:
     """Every position's answers (exact semantic key). cfg.store_budget in tokens, or in MB at 2 d + 20
     bytes per token (float16 state, two int64 row pointers, int32 token); tenants from Trace.tenant."""
-    from data.budget import parse_budget
+    from data.index.budget import parse_budget
 
     R = len(traces)
     start = [0]

@@ -49,7 +49,7 @@ def one_thread(request):
 def stories():
     if not STORIES.is_dir():
         pytest.skip(f"stories260k not found at {STORIES}")
-    from data.models import load_model
+    from data.capture.models import load_model
 
     return load_model("stories260k")
 

@@ -65,7 +65,7 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
     (the merged arm against itself would be 1; lexical only is its own replay), the json written."""
     import json
 
-    from data.capture import CaptureConfig, capture
+    from data.capture.run import CaptureConfig, capture
     from decoder.__main__ import main as decoder_main
     from decoder.ablations import ABLATIONS, HEADLINE, LADDER
     from decoder.policy import LEXICAL_ARMS

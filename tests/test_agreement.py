@@ -1,11 +1,11 @@
-"""data/agreement.py: two captures of the same requests compared, against a brute-force reference."""
+"""data/capture/agreement.py: two captures of the same requests compared, against a brute-force reference."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from data.agreement import agreement, first_difference
-from data.store import open_store
+from data.capture.agreement import agreement, first_difference
+from data.store.reader import open_store
 from tests.test_store_format import golden_records, write_store
 
 
@@ -61,7 +61,7 @@ def test_agreement_skips_other_prompts_and_ids(tmp_path):
     base = golden_records()
     other = golden_records()
     other[0].prompt_tokens = [7, 7, 7]  # same id, another prompt: counted apart, never compared
-    from data.schema import prompt_hash
+    from data.store.schema import prompt_hash
     other[0].prompt_hash = prompt_hash(other[0].prompt_tokens)
     other[3].id = "elsewhere"
     a = open_store(write_store(tmp_path / "a", base))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import decoder.engine as engine
-from data.models import load_model
+from data.capture.models import load_model
 from decoder.audit import ALGORITHMIC, NUMERIC, NUMERIC_MARGIN, classify, lossless_audit
 from decoder.loop import Generation
 from decoder.harness import DecodeConfig, run_decode

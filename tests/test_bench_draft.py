@@ -1,5 +1,5 @@
 """benchmarks/bench_draft.py (`make bench-draft`) on a tiny synthetic store: the tie-aware recall definition
-(data/knnrecall.py) against a brute-force reference, the warm pool's tiling plan, and the bench end to end
+(data/index/knnrecall.py) against a brute-force reference, the warm pool's tiling plan, and the bench end to end
 (the JSON's schema, recall 1.0 with the exact index, ArcticInference's row absent or run through a stand-in).
 Nothing here checks a timing target: the bench prints those."""
 
@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits, tie_aware_recall
-from data.layout import bench_dir, store_dir
-from data.schema import prompt_hash
-from data.writer import StoreWriter, TraceRecord
+from data.index.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits, tie_aware_recall
+from data.store.layout import bench_dir, store_dir
+from data.store.schema import prompt_hash
+from data.store.writer import StoreWriter, TraceRecord
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from data import benchfiles, toolbench
-from data.benchmarks import EXPECTED_COUNTS, get_benchmark, list_benchmarks, load_requests
+from data.benchmarks import sources as benchfiles, toolbench
+from data.benchmarks.registry import EXPECTED_COUNTS, get_benchmark, list_benchmarks, load_requests
 from data.errors import OilbirdError
-from data.request import Request, data_fingerprint, render_plain
-from data.toolbench import parse_api_call
+from data.benchmarks.request import Request, data_fingerprint, render_plain
+from data.benchmarks.toolbench import parse_api_call
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOOL_CALL = re.compile(r"<tool_call>\n(.+)\n</tool_call>", re.S)

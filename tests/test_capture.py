@@ -11,11 +11,11 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.greedy import PrefixCache, greedy_batch
-from data.models import LayerTap, default_capture_layer, encode_prompt, load_model
-from data.store import open_store
+from data.capture.greedy import PrefixCache, greedy_batch
+from data.capture.models import LayerTap, default_capture_layer, encode_prompt, load_model
+from data.store.reader import open_store
 from tests.conftest import STORY_PROMPTS, crash_on_call, write_jsonl
 
 
@@ -77,7 +77,7 @@ def test_batched_equals_batch1(kind, stories, tiny_dirs):
 def test_continuous_batching_reuses_and_grows_rows(stories, monkeypatch):
     """Both ways a request joins the batch: written into a finished request's row, and, when its
     prompt is longer than the batch, by left-padding the others; tokens still equal batch 1."""
-    import data.greedy as greedy
+    import data.capture.greedy as greedy
 
     kinds, real = [], greedy._admit
 
@@ -165,7 +165,7 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS)
     whole = open_store(capture(_cfg(bench, tmp_path / "whole"), lm=stories))
 
-    import data.greedy as greedy
+    import data.capture.greedy as greedy
 
     real = crash_on_call(monkeypatch, greedy, "_prefill", 4)
     with pytest.raises(KeyboardInterrupt):
@@ -177,7 +177,7 @@ def test_resume_after_crash(stories, tmp_path, monkeypatch):
     assert partial.n_requests == 2  # two committed, the third lost with the crash
 
     # A crash between the positions part and the requests.parquet commit leaves an orphan part.
-    import data.writer as writer_mod
+    import data.store.writer as writer_mod
 
     real_write, state = writer_mod.atomic_write_table, {"n": 0}
 

@@ -16,9 +16,9 @@ from census.definitions import CensusConfig, CensusInput, Trace, build_entries
 from census.keys import IndexedKey
 from census.pool import prepare
 from census.positions import census_positions, census_run
-from data.budget import window_starts
+from data.index.budget import window_starts
 from data.errors import OilbirdError
-from data.store import open_store
+from data.store.reader import open_store
 from tests.census_reference import compare, reference_census, reference_windows
 from tests.test_census import clustered_traffic, trace_sets, write_store
 
@@ -110,7 +110,7 @@ def test_budget_in_megabytes_converts_at_the_exact_key_cost():
     traces = traffic(5, d=6)
     longest = max(len(t.output) for t in traces)
     tokens = 2 * longest
-    per_token = 2 * 6 + 20  # float16 state, two int64 row pointers, the int32 token (data/budget.py)
+    per_token = 2 * 6 + 20  # float16 state, two int64 row pointers, the int32 token (data/index/budget.py)
     mb = tokens * per_token / 2 ** 20 * 1.0000001  # just over `tokens` tokens
     cfg = CensusConfig(bootstrap=0, store_budget=f"{mb:.12f}MB")
     res = census_run(CensusInput.from_traces(traces), cfg)

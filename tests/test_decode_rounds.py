@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import decoder.harness as harness
-from data.models import encode_prompt
+from data.capture.models import encode_prompt
 from decoder.engine import decode_greedy, stop_rule
 from decoder.harness import DecodeConfig, format_table, run_decode, speed_summary
 from decoder.reference import STATIC_ARM, StaticGreedy

@@ -14,8 +14,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from data.errors import OilbirdError
-from data.models import LayerTap, cache_kwargs, load_model
-from data.schema import prompt_hash
+from data.capture.models import LayerTap, cache_kwargs, load_model
+from data.store.schema import prompt_hash
 from decoder.draft import ROOT, Draft, Drafter
 from decoder.engine import StopRule, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.audit import first_difference
@@ -362,7 +362,7 @@ def _truth(lm, prompts, stop):
 
 
 def _story_prompts(lm, texts=STORY_PROMPTS):
-    from data.models import encode_prompt
+    from data.capture.models import encode_prompt
 
     return [encode_prompt(lm, [{"role": "user", "content": t}]) for t in texts]
 
@@ -370,7 +370,7 @@ def _story_prompts(lm, texts=STORY_PROMPTS):
 # ------------------------------------------------------------------ engine: stops, states, ar
 
 def test_ar_equals_capture_greedy(stories):
-    from data.greedy import greedy_batch
+    from data.capture.greedy import greedy_batch
 
     stop = stop_rule(stories, (), 40)
     with LayerTap(stories.model, stories.layer) as tap:
@@ -379,7 +379,7 @@ def test_ar_equals_capture_greedy(stories):
 
 
 def test_states_and_topk_equal_teacher_forced(stories):
-    from data.teacher import teacher_forced
+    from data.capture.teacher import teacher_forced
 
     stop = stop_rule(stories, (), 60)
     prompts = _story_prompts(stories)[:2]
@@ -459,7 +459,7 @@ def _repetitive_bench(tmp_path):
 
 
 def _check_run(summaries, out, bench, slug):
-    from data.layout import store_dir
+    from data.store.layout import store_dir
 
     folder = store_dir(out, bench, slug).parent / "decode"
     for arm, s in summaries.items():
@@ -514,7 +514,7 @@ def test_library_drafters_lossless_stories(arm, stories, tmp_path):
 def test_warm_from_excludes_own_trace(stories, tmp_path):
     """A one-request benchmark warmed from a store holding only that request's own trace must draft exactly
     as with an empty pool: the trace shares the prompt, so no drafter may use it."""
-    from data.capture import CaptureConfig, capture
+    from data.capture.run import CaptureConfig, capture
 
     bench = write_jsonl(tmp_path / "one.jsonl", [STORY_PROMPTS[1] + " " + STORY_PROMPTS[1]])
     store = capture(CaptureConfig(bench=bench, model="stories260k", out=str(tmp_path / "cap"), max_new_tokens=48,
@@ -529,8 +529,8 @@ def test_warm_from_excludes_own_trace(stories, tmp_path):
 
 
 def test_warm_from_feeds_the_pool(stories, tmp_path):
-    from data.capture import CaptureConfig, capture
-    from data.store import open_store
+    from data.capture.run import CaptureConfig, capture
+    from data.store.reader import open_store
 
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS[:3])
     store = capture(CaptureConfig(bench=bench, model="stories260k", out=str(tmp_path / "cap"), max_new_tokens=30,

@@ -1,6 +1,6 @@
 """Decoder at scale (issue 13): the semantic key's faiss index (--index), the bounded pool (--store-budget)
 and tenants, in the decoder and in replay. Brute-force checks on synthetic traces: an evicted pool equals a
-fresh pool of the retained traces, the budget window is data/budget.py's, no request drafts from an evicted
+fresh pool of the retained traces, the budget window is data/index/budget.py's, no request drafts from an evicted
 or another tenant's trace; knn_recall recomputed by hand; the CLI's one-line errors; stories260k end to end."""
 
 from __future__ import annotations
@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.budget import window_starts
-from data.capture import CaptureConfig, capture
-from data.layout import replay_dir
-from data.schema import prompt_hash
-from data.stateindex import unit
+from data.index.budget import window_starts
+from data.capture.run import CaptureConfig, capture
+from data.store.layout import replay_dir
+from data.store.schema import prompt_hash
+from data.index.stateindex import unit
 from decoder.__main__ import main as decoder_main
 from decoder.draft import Drafter
 from decoder.drafters import make_drafter
@@ -100,7 +100,7 @@ class Recorder:
         monkeypatch.setattr(drafters, "make_drafter", make)
 
 
-# ------------------------------------------------------------------ the window is data/budget.py's
+# ------------------------------------------------------------------ the window is data/index/budget.py's
 
 @pytest.mark.parametrize("seed", range(4))
 def test_tenant_pools_window_is_window_starts(seed):

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from data.automaton import SuffixAutomaton
+from data.index.automaton import SuffixAutomaton
 from data.errors import OilbirdError
-from data.schema import prompt_hash
+from data.store.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import DRAFTERS, installed, make_drafter
 from decoder.drafters.lexical import ADJACENCY, BRANCH, SPINE, LexicalConfig, build_lexical

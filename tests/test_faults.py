@@ -1,7 +1,7 @@
 """Every fault class a skeptical user tried, one test each: `python -m pytest -q tests/test_faults.py`.
 
 Kills: a real `python -m data capture` / `python -m census` subprocess on stories260k, SIGKILLed by
-the OILBIRD_FAULT hook (data/files.py fault_point) at a named moment:
+the OILBIRD_FAULT hook (data/store/files.py fault_point) at a named moment:
   - a plain capture killed at each of the four steps of a commit (after the part's write, after
     meta.json notes it as pending, after the commit point requests.parquet, after meta.json
     records it): readers refuse the store and say to rerun (never --force); rerunning resumes to a
@@ -45,15 +45,15 @@ from census.__main__ import main as census_main
 from census.definitions import CensusConfig
 from census.output import run_census
 from data.__main__ import main as data_main
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.layout import model_dir, model_slug, store_dir
-from data.models import encode_prompt, load_model
-from data.schema import request_schema
-from data.store import open_store
-from data.storefile import _schema_difference
-from data.verify import verify_store
-from data.writer import StoreWriter
+from data.store.layout import model_dir, model_slug, store_dir
+from data.capture.models import encode_prompt, load_model
+from data.store.schema import request_schema
+from data.store.reader import open_store
+from data.store.parquetfile import _schema_difference
+from data.store.verify import verify_store
+from data.store.writer import StoreWriter
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -373,7 +373,7 @@ def test_max_new_tokens_zero_is_refused(bench, tmp_path, capsys):
 
 def test_path_components_that_leave_their_folder_are_refused(tmp_path):
     """Issue 23: `--model /path/sub/..` gave the slug '..', and the store landed in runs/<bench>/traces
-    over another benchmark's; every runs/ path is built by data/layout.py, which refuses such a name."""
+    over another benchmark's; every runs/ path is built by data/store/layout.py, which refuses such a name."""
     sub = tmp_path / "sub"
     sub.mkdir()
     assert model_slug(f"{sub}/..") == ".."
@@ -469,7 +469,7 @@ def test_schema_mismatch_names_the_real_difference_first():
 
 
 def test_jsonl_without_id_is_noted_once(tmp_path, capsys):
-    from data.benchmarks import load_requests
+    from data.benchmarks.registry import load_requests
 
     path = tmp_path / "noid.jsonl"
     path.write_text('{"prompt": "a"}\n{"id": "x", "prompt": "b"}\n{"prompt": "c"}\n')

@@ -13,10 +13,10 @@ import torch
 
 from census.definitions import CensusConfig
 from census.output import run_census
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.models import LayerTap, load_model, pick_device, pick_dtype
-from data.store import open_store
+from data.capture.models import LayerTap, load_model, pick_device, pick_dtype
+from data.store.reader import open_store
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]

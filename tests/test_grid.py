@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-import data.benchmarks as benchmarks
-import data.models
+import data.benchmarks.registry as benchmarks
+import data.capture.models
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
-from data.layout import store_dir
-from data.store import current_summary, read_meta, store_fingerprint
+from data.store.layout import store_dir
+from data.store.reader import current_summary, read_meta, store_fingerprint
 from decoder.__main__ import main as decoder_main
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -24,7 +24,7 @@ CAPTURE = ["--model", "stories260k", "--capture", "--max-new-tokens", "12", "--b
 @pytest.fixture
 def grid_bench(tmp_path, stories, monkeypatch):
     bench = write_jsonl(tmp_path / "traffic.jsonl", STORY_PROMPTS[:6])
-    monkeypatch.setattr(data.models, "load_model", lambda *a, **k: stories)  # the session's copy, loaded once
+    monkeypatch.setattr(data.capture.models, "load_model", lambda *a, **k: stories)  # the session's copy, loaded once
     monkeypatch.setitem(benchmarks.GRID_LIMITS, bench, 4)
     return bench, tmp_path / "runs"
 

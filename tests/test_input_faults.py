@@ -26,12 +26,12 @@ import pytest
 
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
-from data.benchmarks import load_requests
-from data.capture import CaptureConfig, capture
+from data.benchmarks.registry import load_requests
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError, cli_entry
-from data.jsonl import DEFAULT_MAX_LINE_BYTES, line_bound
-from data.layout import model_dir, store_dir
-from data.verify import verify_store
+from data.benchmarks.jsonl import DEFAULT_MAX_LINE_BYTES, line_bound
+from data.store.layout import model_dir, store_dir
+from data.store.verify import verify_store
 from decoder.__main__ import main as decoder_main
 from decoder.replay import replay_main
 from reports.__main__ import main as reports_main
@@ -130,7 +130,7 @@ def test_model_path_ending_in_dotdot_is_refused_before_any_work(stage, bench, tm
 
 def test_every_runs_path_refuses_a_leaving_component(tmp_path):
     """layout's one check (component) guards the bench, the model slug and the pool of every runs/ path."""
-    from data.layout import census_dir, grid_dir, replay_dir
+    from data.store.layout import census_dir, grid_dir, replay_dir
 
     for bad in ("", ".", "..", "a/b"):
         builds = [lambda: store_dir(tmp_path, "apibank", bad), lambda: grid_dir(tmp_path, bad),
@@ -227,9 +227,9 @@ def test_reports_out_not_writable(runs, tmp_path, capsys, monkeypatch):
         _one_error(*_cli(reports_main, ["--runs", str(runs), "--out", str(locked), "--quiet"], capsys))
         # a folder that turns unwritable after the check (the check skipped here): the write's OSError
         # is one line naming the path
-        import data.layout
+        import data.store.layout
 
-        monkeypatch.setattr(data.layout, "check_writable", lambda path, flag="--out": Path(path))
+        monkeypatch.setattr(data.store.layout, "check_writable", lambda path, flag="--out": Path(path))
         err = _one_error(*_cli(reports_main, ["--runs", str(runs), "--out", str(locked), "--quiet"], capsys))
         assert str(locked) in err
     assert not any(locked.iterdir())

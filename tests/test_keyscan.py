@@ -1,4 +1,4 @@
-"""The semantic key's compiled query path (data/keyscan.c) against its numpy reference (data/pruner.py's
+"""The semantic key's compiled query path (data/index/keyscan.c) against its numpy reference (data/index/pruner.py's
 `nearest_reference` and `encode_reference`, decoder/drafters/semantic.py's `semantic_chains`), and the
 fallback when the kernel cannot be built; the key's pass on the kernel's worker thread against the inline one.
 The main suite builds the kernel: a machine without a C compiler
@@ -14,9 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from data import keyscan
-from data.pruner import PrunerConfig
-from data.stateindex import unit_vector
+from data.index import keyscan
+from data.index.pruner import PrunerConfig
+from data.index.stateindex import unit_vector
 from decoder.drafters.semantic import DEPTH_SCHEDULE, RANK_DEPTHS, SemanticPool, copy_depth, semantic_chains
 
 D = 64
@@ -148,7 +148,7 @@ def test_the_key_pass_in_one_call_equals_query_then_chains():
 
 
 def test_the_key_pass_on_the_worker_equals_the_inline_one():
-    """key_start / key_finish (the query on the kernel's worker thread, data/keyscan.c keyscan_submit) answer what
+    """key_start / key_finish (the query on the kernel's worker thread, data/index/keyscan.c keyscan_submit) answer what
     `key` answers, fired or not."""
     pool, traffic, rng = _pool(seed=6)
     pool.exclude(("prompt", 3))
@@ -220,7 +220,7 @@ def test_the_numpy_path_when_the_kernel_is_unavailable(tmp_path):
     """No compiler: one note on stderr, the same answers from numpy; OILBIRD_KEYSCAN=numpy selects it quietly."""
     code = """
 import numpy as np
-from data import keyscan
+from data.index import keyscan
 from tests.test_keyscan import _pool, _queries
 pool, traffic, rng = _pool()
 s, rows = pool.query(_queries(traffic, rng, 1)[0], 8)

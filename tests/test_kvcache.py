@@ -5,8 +5,8 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from data.kvcache import SlackCache, SlackLayer
-from data.models import cache_kwargs, load_model
+from data.capture.kvcache import SlackCache, SlackLayer
+from data.capture.models import cache_kwargs, load_model
 
 
 def _kv(rows: int, n: int, seed: int):

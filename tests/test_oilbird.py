@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from data.errors import OilbirdError
-from data.schema import prompt_hash
+from data.store.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import PRESETS, arm_names, make_drafter
 from decoder.drafters.lexical import LexicalConfig, build_lexical
@@ -580,8 +580,8 @@ def test_constructed_tool_traffic_key_fires_and_pays():
 def test_the_key_on_the_worker_drafts_what_it_drafts_inline():
     """key_overlap: the query on the kernel's worker thread, started before the lexical tree is built, gives
     every pass the draft the inline query gives (a pool pruned early, so that the kernel answers)."""
-    from data import keyscan
-    from data.pruner import PrunerConfig
+    from data.index import keyscan
+    from data.index.pruner import PrunerConfig
 
     assert keyscan.library() is not None
     drafts, counters = {}, {}

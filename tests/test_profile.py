@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from data.errors import OilbirdError
-from data.layout import default_profile_path
+from data.store.layout import default_profile_path
 from decoder.profile import (DEFAULT_CONTEXTS, CostModel, clip_contexts, contexts_from_store, measure_profile,
                              profile_main)
 from tests.conftest import STORY_PROMPTS, write_jsonl
@@ -139,13 +139,13 @@ def test_profile_main_bad_input(tmp_path, capsys):
 
 
 def test_contexts_from_store_and_bench(stories, one_thread, tmp_path, capsys):
-    from data.capture import CaptureConfig, capture
+    from data.capture.run import CaptureConfig, capture
 
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS[:3])
     out = tmp_path / "runs"
     store = capture(CaptureConfig(bench=bench, model="stories260k", out=str(out), max_new_tokens=12,
                                   progress=False), lm=stories)
-    from data.store import open_store
+    from data.store.reader import open_store
 
     s = open_store(store, load_hidden=False)
     lengths = [len(p) + t for p, o in zip(s.requests["prompt_tokens"].to_list(), s.requests["output_tokens"].to_list())

@@ -1,4 +1,4 @@
-"""The auto index (data/pruner.py under decoder/drafters/semantic.py's SemanticPool) against brute force:
+"""The auto index (data/index/pruner.py under decoder/drafters/semantic.py's SemanticPool) against brute force:
 exact while small, pruned then, the same-prompt exclusion and the store budget kept; and the key's
 per-request patience."""
 
@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.pruner import PrunerConfig
-from data.stateindex import parse_index_spec, unit, unit_vector
+from data.index.pruner import PrunerConfig
+from data.index.stateindex import parse_index_spec, unit, unit_vector
 from decoder.drafters.keygate import RequestPatience
 from decoder.drafters.semantic import SemanticPool
 
@@ -178,7 +178,7 @@ def test_one_query_runs_on_one_faiss_thread_and_the_setting_comes_back():
     barriers when another process holds a core: 5-13 ms a query instead of 0.06); the process's setting is
     restored."""
     faiss = pytest.importorskip("faiss")
-    from data.stateindex import one_faiss_thread
+    from data.index.stateindex import one_faiss_thread
 
     before = faiss.omp_get_max_threads()
     faiss.omp_set_num_threads(2)

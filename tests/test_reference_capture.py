@@ -13,12 +13,12 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.models import LayerTap, encode_prompt, load_model
-from data.store import open_store
-from data.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
-from data.verify import verify_store
+from data.capture.models import LayerTap, encode_prompt, load_model
+from data.store.reader import open_store
+from data.capture.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
+from data.store.verify import verify_store
 from tests.conftest import crash_on_call
 
 SYS_A = ("You are the librarian of a small town. You know every book on the shelves and you answer in "
@@ -204,7 +204,7 @@ def test_capture_reference_with_prefix_cache_equals_plain_path(stories, conv_ben
 
 def test_reference_resume_keeps_the_reuse_record_aligned(stories, conv_bench, tmp_path, monkeypatch, one_thread):
     whole = open_store(capture(_cfg(conv_bench, tmp_path / "whole"), lm=stories))
-    import data.capture as cap
+    import data.capture.run as cap
 
     real = crash_on_call(monkeypatch, cap, "teacher_forced_cached", 4)
     with pytest.raises(KeyboardInterrupt):
@@ -292,7 +292,7 @@ def test_no_reference_is_refused_before_the_store(stories, tmp_path):
 
 
 def test_cli_prefix_cache_flags(stories, conv_bench, tmp_path, capsys, monkeypatch):
-    import data.capture as cap
+    import data.capture.run as cap
 
     seen = {}
     real = cap.capture
@@ -317,7 +317,7 @@ def test_cli_prefix_cache_flags(stories, conv_bench, tmp_path, capsys, monkeypat
 
 
 def test_reference_tokens_end_with_eos(stories):
-    from data.request import Request
+    from data.benchmarks.request import Request
 
     req = Request(id="x", group="x", messages=({"role": "user", "content": "Hi"},), reference="A cat.")
     toks = reference_tokens(stories, req)

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from data.capture import CaptureConfig, capture
-from data.layout import replay_dir
-from data.models import load_model
+from data.capture.run import CaptureConfig, capture
+from data.store.layout import replay_dir
+from data.capture.models import load_model
 from decoder.__main__ import main as decoder_main
 from decoder.draft import ROOT
 from decoder.drafters import make_drafter
@@ -230,7 +230,7 @@ def test_semantic_arm_needs_states(small_store, tmp_path, capsys):
     bench, out = small_store
     import shutil
 
-    from data.store import open_store
+    from data.store.reader import open_store
 
     out2 = tmp_path / "runs"
     shutil.copytree(out, out2)
@@ -238,7 +238,7 @@ def test_semantic_arm_needs_states(small_store, tmp_path, capsys):
     # a store whose states are all null (e.g. captured without states)
     import pyarrow as pa
 
-    from data.store import position_parts
+    from data.store.reader import position_parts
 
     for part in position_parts(store.path):
         t = pq.read_table(part)
@@ -247,7 +247,7 @@ def test_semantic_arm_needs_states(small_store, tmp_path, capsys):
                                                         mask=pa.array(np.ones(t.num_rows, bool)))
         t = t.set_column(t.schema.get_field_index("hidden"), "hidden", null_hidden)
         pq.write_table(t, part)
-    from data.writer import record_checksums
+    from data.store.writer import record_checksums
 
     record_checksums(store.path)  # a deliberate edit: re-record the checksums, or the store reads as damaged
     code, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(out2), "--arms", "oilbird"], capsys)

@@ -1,6 +1,6 @@
 """Results that no longer describe their trace store (issue 23, cases 3 and 4).
 
-Case 3: checksums removed from a store written with them are refused as damage (data/store.py
+Case 3: checksums removed from a store written with them are refused as damage (data/store/reader.py
 `written_with_checksums`); a store older than checksums still opens, unverified, and every result
 computed on it says so (`store_verified: false`, a note, the reports' callout and row mark).
 Case 4: a store extended after its census and replay makes those results stale: the reports mark
@@ -25,11 +25,11 @@ from census.definitions import CensusConfig
 from census.output import run_census
 from data.__main__ import main as data_main
 from data.errors import OilbirdError
-from data.layout import census_dir, replay_dir, store_dir
-from data.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
-from data.store import current_fingerprint, current_summary, open_store
-from data.verify import verify_store
-from data.writer import StoreWriter, TraceRecord
+from data.store.layout import census_dir, replay_dir, store_dir
+from data.store.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
+from data.store.reader import current_fingerprint, current_summary, open_store
+from data.store.verify import verify_store
+from data.store.writer import StoreWriter, TraceRecord
 from decoder.replay import ReplayConfig, replay_is_current, run_replay
 from reports.case_viewer import id_text
 from reports.freshness import freshness_callout, row_flags, shown_results

@@ -1,4 +1,4 @@
-"""data/stateindex.py and data/budget.py against brute force: specs, the warm-up, exclusion, eviction,
+"""data/index/stateindex.py and data/index/budget.py against brute force: specs, the warm-up, exclusion, eviction,
 the window of a budget."""
 
 from __future__ import annotations
@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.budget import (LOW_WATER, bytes_per_token, check_budget, parse_budget, pool_tokens, state_bytes,
+from data.index.budget import (LOW_WATER, bytes_per_token, check_budget, parse_budget, pool_tokens, state_bytes,
                          window_starts)
 from data.errors import OilbirdError
-from data.stateindex import StateIndex, check_trainable, parse_index_spec
+from data.index.stateindex import StateIndex, check_trainable, parse_index_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -169,7 +169,7 @@ def test_parse_budget_and_refusals():
 
 
 def test_split_specs_joins_what_can_follow():
-    from data.stateindex import split_specs
+    from data.index.stateindex import split_specs
 
     assert split_specs("exact,sq8,pq64,pca128,pca128,sq8,ivf256,pq64,nprobe=8,pq64x4fs") == [
         "exact", "sq8", "pq64", "pca128", "pca128,sq8", "ivf256,pq64,nprobe=8", "pq64x4fs"]
@@ -179,7 +179,7 @@ def test_split_specs_joins_what_can_follow():
 @pytest.mark.parametrize("spec", ["exact", "flat", "sq8", "sq4", "fp16", "pq8", "pq8x4fs", "pca16,sq8",
                                   "opq8,pq8", "ivf4,pq8", "ivf4,sq8"])
 def test_bytes_per_token_is_what_a_pool_of_n_states_holds(spec):
-    """The one bytes-per-token (data/budget.py) against the bytes a pool of N tokens actually holds:
+    """The one bytes-per-token (data/index/budget.py) against the bytes a pool of N tokens actually holds:
     what N more states add to the index's serialized size (float16 rows for exact), the two int64
     row pointers and the int32 token of each."""
     d, n = 32, 1024  # n: a whole number of fast-scan blocks of 32

@@ -1,4 +1,4 @@
-"""Store format 2 (data/schema.py docstring): no null row in a fixed-size-list column, a validity
+"""Store format 2 (data/store/schema.py docstring): no null row in a fixed-size-list column, a validity
 column instead; stores of format 1 (null rows) still open, under pyarrow < 26 through a fallback or
 one line naming `python -m data migrate`, which rewrites them in format 2.
 
@@ -27,15 +27,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-import data.migrate as migrate_mod
-import data.storefile as storefile_mod
+import data.store.legacy as legacy_mod
+import data.store.migrate as migrate_mod
+import data.store.parquetfile as storefile_mod
 from data.__main__ import main as data_main
 from data.errors import OilbirdError
-from data.schema import PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, VALIDITY, prompt_hash
-from data.store import open_store, position_parts
-from data.storefile import NULL_ROW_ERROR
-from data.verify import verify_store
-from data.writer import StoreWriter, TraceRecord, record_checksums
+from data.store.schema import PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, VALIDITY, prompt_hash
+from data.store.reader import open_store, position_parts
+from data.store.parquetfile import NULL_ROW_ERROR
+from data.store.verify import verify_store
+from data.store.writer import StoreWriter, TraceRecord, record_checksums
 
 GOLDEN = Path(__file__).parent / "golden" / "store-format1"
 D = 16
@@ -275,9 +276,9 @@ def _break_pyarrow(monkeypatch, version_known: bool = False):
 
 
 @pytest.mark.parametrize("version_known", [False, True], ids=["after-a-failed-read", "without-a-try"])
-@pytest.mark.parametrize("fallback", migrate_mod.FALLBACKS, ids=lambda f: f.__name__)
+@pytest.mark.parametrize("fallback", legacy_mod.FALLBACKS, ids=lambda f: f.__name__)
 def test_each_fallback_reads_a_format1_store(fallback, version_known, monkeypatch, old_store, new_store):
-    if fallback is migrate_mod._read_with_polars and not hasattr(pl, "Float16"):
+    if fallback is legacy_mod._read_with_polars and not hasattr(pl, "Float16"):
         pytest.skip(f"polars {pl.__version__} cannot read float16 Parquet columns")
     _break_pyarrow(monkeypatch, version_known)
     monkeypatch.setattr(migrate_mod, "FALLBACKS", (fallback,))
@@ -445,9 +446,9 @@ def test_resuming_a_format1_store_writes_format2_parts(old_store, new_store):
 
 
 def test_prompt_hash_pulls_no_model_code():
-    """Drafters take prompt_hash from data.schema; importing it must load neither transformers nor torch
-    (it once came through data.capture, which loads models)."""
-    code = ("import sys; from data.schema import prompt_hash; "
+    """Drafters take prompt_hash from data.store.schema; importing it must load neither transformers nor torch
+    (it once came through data.capture.run, which loads models)."""
+    code = ("import sys; from data.store.schema import prompt_hash; "
             "assert 'transformers' not in sys.modules, 'transformers'; assert 'torch' not in sys.modules, 'torch'; "
             "print(prompt_hash([1, 2, 3]))")
     proc = subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1],

@@ -1,4 +1,4 @@
-"""The store's write lock (data/storelock.py), on synthetic stores (no model): one writer at a time,
+"""The store's write lock (data/store/lock.py), on synthetic stores (no model): one writer at a time,
 a second one stops at once naming the holder's pid, a dead holder's lock is taken over, a forked
 child does not keep it, every writer takes it (StoreWriter, migrate, record_checksums) and gives
 it back however it ends. Two real captures into one store: tests/test_writer_faults.py."""
@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 
 from data.errors import OilbirdError
-from data.migrate import migrate_store
-from data.storelock import LOCK_NAME, StoreLock
-from data.writer import StoreWriter, record_checksums
+from data.store.migrate import migrate_store
+from data.store.lock import LOCK_NAME, StoreLock
+from data.store.writer import StoreWriter, record_checksums
 from tests.test_store_format import golden_records, write_store
 
 REPO = Path(__file__).resolve().parents[1]
@@ -31,7 +31,7 @@ def _meta(path: Path) -> dict:
 
 def _holder(store: Path, script: str = "") -> subprocess.Popen:
     """Another process that takes the store's lock, says so, then runs `script` (default: sleeps)."""
-    code = (f"import sys, time; from data.storelock import StoreLock; "
+    code = (f"import sys, time; from data.store.lock import StoreLock; "
             f"lock = StoreLock({str(store)!r}).acquire(); print('held', flush=True); "
             + (script or "time.sleep(120)"))
     proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, text=True,
@@ -122,7 +122,7 @@ def test_the_writer_gives_the_lock_back_however_it_ends(store):
 def test_a_reader_tells_a_store_being_written_from_an_interrupted_one(store):
     """open_store on an incomplete store: "being written (pid N)" while another process holds its lock,
     "interrupted; rerun the same capture command" once none does."""
-    from data.store import open_store
+    from data.store.reader import open_store
 
     w = StoreWriter(store, _meta(store))
     w.reopen()  # incomplete on disk, as while a capture extends it

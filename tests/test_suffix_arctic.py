@@ -14,7 +14,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
 from decoder.draft import ROOT, VerifyResult
 from decoder.drafters import make_drafter

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.schema import prompt_hash
+from data.store.schema import prompt_hash
 from decoder.draft import VerifyResult
 from decoder.drafters import make_drafter
 from decoder.drafters.sam import AutomatonIndex

@@ -13,15 +13,15 @@ import pyarrow.parquet as pq
 import pytest
 
 from data.__main__ import main as data_main
-from data.benchmarks import load_requests
-from data.capture import CaptureConfig, capture
+from data.benchmarks.registry import load_requests
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.request import Request, data_fingerprint
-from data.schema import request_schema
-from data.store import open_store
-from data.storefile import _schema_difference
-from data.verify import verify_store
-from data.writer import TraceRecord, record_checksums, records_to_tables
+from data.benchmarks.request import Request, data_fingerprint
+from data.store.schema import request_schema
+from data.store.reader import open_store
+from data.store.parquetfile import _schema_difference
+from data.store.verify import verify_store
+from data.store.writer import TraceRecord, record_checksums, records_to_tables
 from tests.conftest import STORY_PROMPTS
 
 TENANTS = ["acme", None, "globex", "acme"]  # None: the line has no "tenant"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.capture import CaptureConfig, capture
+from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
 from decoder.draft import ROOT, VerifyResult
 from decoder.drafters import make_drafter

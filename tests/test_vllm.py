@@ -1,4 +1,4 @@
-"""Oilbird inside vLLM (decoder/vllm_proposer.py), on vLLM's CPU build with a tiny random Llama (head dim 64).
+"""Oilbird inside vLLM (decoder/vllm/proposer.py), on vLLM's CPU build with a tiny random Llama (head dim 64).
 
 Every arm is served by a real engine, each in its own process (`python -m decoder vllm-run`: vLLM's metric
 registry is process-wide), over the same prompts, with prefix caching on and 8 requests through 4 rows (rows
@@ -17,7 +17,7 @@ import pytest
 
 from data.errors import OilbirdError
 from decoder.draft import Draft, best_chain, as_chain
-from data.vllm_rows import RowTracker
+from data.capture.vllm_rows import RowTracker
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["vllm-greedy", "oilbird", "oilbird-no-semantic", "vllm-ngram", "vllm-suffix"]
@@ -72,7 +72,7 @@ def test_serving_writes_the_store(served):
     """OILBIRD_VLLM_STORE: served requests land in a store that verifies and loads like a capture's, each one
     a request the engine served with the tokens it returned; a second server on the same store pools its
     traces first and appends under new ids."""
-    from data.store import open_store
+    from data.store.reader import open_store
     from decoder.traces import load_traces
 
     tmp = served["_tmp"]
@@ -151,7 +151,7 @@ def test_a_model_vllm_cannot_run_is_one_line(tmp_path):
 def test_vllm_missing_is_one_line(monkeypatch):
     import importlib.util
 
-    from data import vllm_engine
+    from data.capture import vllm_engine
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
@@ -220,7 +220,7 @@ def _capture(model: str, bench: str, out: Path, engine: str, *extra: str) -> sub
 def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64, tmp_path):
     """--engine vllm writes the store format (verified, censused, replayed); its tokens equal the harness's
     capture of the same requests and its states agree to float32 rounding; the engines do not mix."""
-    from data.store import open_store
+    from data.store.reader import open_store
     from decoder.traces import load_traces
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -261,8 +261,8 @@ def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64
 def test_smollm2_in_vllm_is_greedy_token_for_token(tmp_path):
     """The same on SmolLM2-135M: oilbird and oilbird-no-semantic through vLLM equal vLLM's greedy decoding over
     four API-Bank requests (two concurrent), and vLLM's greedy equals the harness's store where one exists."""
-    from data.benchmarks import load_requests
-    from data.models import encode_prompt, load_model
+    from data.benchmarks.registry import load_requests
+    from data.capture.models import encode_prompt, load_model
 
     lm = load_model("smollm2-135m")
     prompts = [encode_prompt(lm, r.messages) for r in load_requests("apibank", 4)]
@@ -305,7 +305,7 @@ def test_batch_sizes_need_the_vllm_engine():
 
 
 def test_a_bad_store_flush_is_one_line_before_any_model_loads(monkeypatch, tmp_path):
-    from data.served_store import FLUSH_ENV, STORE_ENV, ServedStore
+    from data.capture.served_store import FLUSH_ENV, STORE_ENV, ServedStore
 
     monkeypatch.setenv(STORE_ENV, str(tmp_path / "store"))
     monkeypatch.setenv(FLUSH_ENV, "eight")

@@ -3,7 +3,7 @@ beyond the model's context did, each ending now in a correct store or one `error
 
   - two `python -m data capture` into one store at once: both finish, or the second stops with one
     line naming the first's pid; the store verifies and holds every request once (the lock:
-    data/storelock.py; its unit tests: tests/test_store_lock.py);
+    data/store/lock.py; its unit tests: tests/test_store_lock.py);
   - a capture killed with -9 leaves its lock file behind: the rerun takes it over;
   - an extension killed, then rerun with a smaller --limit: meta.json's limit says what the store holds;
   - --store-budget 0 is refused (it meant "unbounded" without a word);
@@ -26,13 +26,13 @@ import pytest
 
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
-from data.budget import parse_budget
-from data.capture import capture
+from data.index.budget import parse_budget
+from data.capture.run import capture
 from data.errors import OilbirdError
-from data.layout import store_dir
-from data.models import encode_prompt
-from data.store import open_store
-from data.storelock import LOCK_NAME
+from data.store.layout import store_dir
+from data.capture.models import encode_prompt
+from data.store.reader import open_store
+from data.store.lock import LOCK_NAME
 from tests.conftest import STORY_PROMPTS, write_jsonl
 from tests.test_faults import REPO, _assert_killed, _assert_same_store, _capture_cli, _cfg, _subprocess
 

@@ -2,7 +2,7 @@
 
 Every drafter is a thin class around pure functions in its module; on the contract's methods:
   - `begin_request(prompt, prompt_hash=None)`: pool traces added under the same prompt hash
-    (default: `data.schema.prompt_hash(prompt)`) are never drafted from during this request; the
+    (default: `data.store.schema.prompt_hash(prompt)`) are never drafted from during this request; the
     automaton arms exclude them at match time (see `sam.AutomatonIndex`), the +pool arms
     likewise (`pld.PoolNgramIndex`);
   - `add_trace(output, prompt_hash=None, hidden=None)`: put a finished trace in the pool (None: never

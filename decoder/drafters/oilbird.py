@@ -43,7 +43,7 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-from data.schema import prompt_hash as hash_prompt
+from data.store.schema import prompt_hash as hash_prompt
 from decoder.draft import ROOT, Draft, Drafter, as_chain, best_chain
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex

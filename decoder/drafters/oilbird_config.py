@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from data.stateindex import DEFAULT_INDEX
+from data.index.stateindex import DEFAULT_INDEX
 from decoder.drafters.semantic import DEPTH_SCHEDULE, RANK_DEPTHS
 
 HOSTS = ("lexical", "pld", "recycling", "toolspec", "none")
@@ -109,14 +109,14 @@ class OilbirdConfig:
     key_probe_every: int = 4  # a quiet key is still queried every this many passes; key_patience 0 = always query
     key_floor: float = 0.88  # an answer whose best cosine is below this makes the key skip the next key_floor_skip
     key_floor_skip: int = 3  # passes (keygate.RequestPatience; off with key_patience 0)
-    index: str = DEFAULT_INDEX  # the key's index (data/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
+    index: str = DEFAULT_INDEX  # the key's index (data/index/stateindex.py spec): auto, exact or a faiss spec (SemanticPool)
     key_device: str = "cpu"  # where the key's states live and its queries run (cuda: the model's GPU)
     index_train_size: int = 0  # states a trained faiss coder collects first (0: the spec's own need)
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query also runs exactly (knn_recall); 0 = off
     one_source: bool = False  # propose the lexical OR the semantic draft per step, never merged (the ablation)
     one_source_min_match: int = 5  # one_source: the lexical draft when its automaton match is at least this
     #                                long, else the semantic draft (SAM-Decoding's len_threshold, 5)
-    key_overlap: str = "auto"  # lexical host: the key's query on the kernel's worker thread (data/keyscan.c), on
+    key_overlap: str = "auto"  # lexical host: the key's query on the kernel's worker thread (data/index/keyscan.c), on
     #                            another core, while the host builds its tree: on | off (inline) | auto (on when
     #                            the process may use more cores than torch's threads: `spare_core`)
     chain: int = 0  # > 0: propose only the best chain of the merged tree, at most this many tokens

@@ -10,7 +10,7 @@ from typing import Callable, Hashable
 
 import numpy as np
 
-from data.stateindex import unit
+from data.index.stateindex import unit
 from decoder.draft import ROOT, VerifyResult
 
 Chain = list[int]

@@ -1,11 +1,11 @@
 """Suffix-automaton drafting (SAM-Decoding style), and the automaton pool the lexical arms share.
 
 The automaton itself (counts, recent positions `pos` / `pos2`, exclusion by group) is
-data/automaton.py's `SuffixAutomaton`, the one the census counts with; here it is kept with exact
+data/index/automaton.py's `SuffixAutomaton`, the one the census counts with; here it is kept with exact
 counts and positions. `AutomatonIndex` holds two automata: the pool (finished traces, group = the
 trace's prompt hash) and the request (prompt + committed tokens, group = position, so `pos2` is the previous
 occurrence). Same-prompt skipping: `begin_request(prompt, prompt_hash)` makes that hash (default
-`data.schema.prompt_hash(prompt)`, the hash the trace store keeps) the excluded group: its
+`data.store.schema.prompt_hash(prompt)`, the hash the trace store keeps) the excluded group: its
 occurrences are never used as copy positions, and their counts are subtracted
 (`excluded_counts`, computed once per request by re-walking those traces), so the excluded
 traces neither supply tokens nor rank branches.
@@ -23,8 +23,8 @@ from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
-from data.automaton import NO_GROUP, SuffixAutomaton
-from data.schema import prompt_hash as hash_prompt
+from data.index.automaton import NO_GROUP, SuffixAutomaton
+from data.store.schema import prompt_hash as hash_prompt
 from decoder.draft import Draft, Drafter
 
 REFEED = 256  # tokens re-fed to the pool matcher after the pool changed mid-request

@@ -4,7 +4,7 @@
 generated token that carries a state, the state L2-normalised in float16, kept in one matrix that
 grows by doubling (amortised O(1) per row). A small pool's query is one float16 mat-vec and a top-k;
 past a few thousand rows the default `auto` index scores only the candidates of an inverted file
-(data/pruner.py), exactly, from the same matrix. Row r points at the token x_i its state was computed on
+(data/index/pruner.py), exactly, from the same matrix. Row r points at the token x_i its state was computed on
 (state i = the state with x_i as input, so it predicted x_{i+1}); its trace's tokens sit in one flat
 array, so a chain is a slice. Traces are grouped by prompt hash; the group being served is masked
 out of every query (a request never drafts from a copy of itself).
@@ -29,10 +29,10 @@ from typing import Callable, Hashable, Sequence
 import numpy as np
 import torch
 
-from data import keyscan
-from data.knnrecall import recall_hits
-from data.pruner import IvfPruner, PrunerConfig
-from data.stateindex import DEFAULT_INDEX, parse_index_spec, unit, unit_vector
+from data.index import keyscan
+from data.index.knnrecall import recall_hits
+from data.index.pruner import IvfPruner, PrunerConfig
+from data.index.stateindex import DEFAULT_INDEX, parse_index_spec, unit, unit_vector
 from decoder.drafters.pld import NgramIndex
 
 DEPTH_SCHEDULE = ((0.90, 48), (0.82, 8))  # D(s): the first (threshold, depth) whose threshold s reaches
@@ -98,14 +98,14 @@ def semantic_chains(scores: Sequence[float], flat: Sequence[int], ends: Sequence
 class SemanticPool:
     """Per-position states of finished traces (normalised), their tokens, their prompt groups.
 
-    `index` names the cosine index (data/stateindex.py):
+    `index` names the cosine index (data/index/stateindex.py):
       auto (default)  the float16 matrix below, scored whole while the pool is small; past
-                      `PrunerConfig.prune_from` states an `IvfPruner` (data/pruner.py) picks candidate
+                      `PrunerConfig.prune_from` states an `IvfPruner` (data/index/pruner.py) picks candidate
                       rows and only those are scored, exactly, from the same matrix. On a GPU
                       (`device`) the matrix lives there and every row is scored (one fused score,
                       mask and top-k, one copy back).
       exact           the float16 matrix, every row scored: the reference.
-      a faiss spec    the states live in a `data.stateindex.StateIndex` instead, with row numbers as
+      a faiss spec    the states live in a `data.index.stateindex.StateIndex` instead, with row numbers as
                       ids (they only grow; `row_base` is the id of the first row still held) and the
                       excluded prompt group passed as id ranges.
     With `recall_every` > 0 an auto or faiss pool repeats every `recall_every`-th query it did not
@@ -118,7 +118,7 @@ class SemanticPool:
     is masked out of every query by spans (one slice per trace), never by a loop over rows.
 
     `evict_traces(n)` drops the oldest n traces (one per `add_trace` call, empty ones included):
-    the --store-budget window (data/budget.py). The arrays are compacted, so memory follows the
+    the --store-budget window (data/index/budget.py). The arrays are compacted, so memory follows the
     pool; an index drops its rows by id.
     """
 
@@ -204,7 +204,7 @@ class SemanticPool:
             self.matrix[r0 : r0 + k] = torch.from_numpy(states[valid]).to(self.device, torch.float16)
         if not (self.spec.exact or self.spec.auto):
             if self.index is None:
-                from data.stateindex import StateIndex
+                from data.index.stateindex import StateIndex
 
                 self.spec = parse_index_spec(self.spec.text, self.d)
                 self.index = StateIndex(self.spec, self.d, self.train_size)
@@ -241,7 +241,7 @@ class SemanticPool:
 
     @property
     def active_index(self) -> str:
-        """The structure answering queries at the pool's present size (a spec, data/stateindex.py)."""
+        """The structure answering queries at the pool's present size (a spec, data/index/stateindex.py)."""
         if self.spec.auto:
             if self.pruner is not None and self.pruner.trained:
                 return f"auto:{self.pruner.spec}"
@@ -325,14 +325,14 @@ class SemanticPool:
 
     def _pruned_query(self, state: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """The auto index past prune_from: the pruner's listed rows re-scored exactly, excluded rows never
-        listed (one compiled call, data/keyscan.c)."""
+        listed (one compiled call, data/index/keyscan.c)."""
         self.pruned_queries += 1
         return self.pruner.nearest(state, k, self.matrix, self.row_base, self.n, self._excluded_group)
 
     def chains(self, scores: np.ndarray, rows: np.ndarray, schedule: Sequence[tuple[float, int]] = DEPTH_SCHEDULE,
                rank_depths: Sequence[int] | None = None, offset: int = 2, min_len: int = 2) -> list[Chain]:
         """`semantic_chains` of the query's neighbours (`rows`, decreasing `scores`), depth D(s) by `schedule`
-        or by rank (`rank_depths`): data/keyscan.c's `keyscan_chains` in one call, else the Python function."""
+        or by rank (`rank_depths`): data/index/keyscan.c's `keyscan_chains` in one call, else the Python function."""
         lib = keyscan.library()
         if lib is None or not len(rows):
             if rank_depths is not None:
@@ -396,7 +396,7 @@ class SemanticPool:
         return s[keep], rows[keep]
 
     def _shadow(self, state: np.ndarray, k: int, rows: np.ndarray) -> None:
-        """Tie-aware recall@k of `rows` (data/knnrecall.py) against the exact float16 query over the same
+        """Tie-aware recall@k of `rows` (data/index/knnrecall.py) against the exact float16 query over the same
         rows, the same-prompt rows excluded from both (measurement only)."""
         import time
 
@@ -461,7 +461,7 @@ class SemanticPool:
 
     def bytes_per_state(self) -> float | None:
         """Bytes one state costs in the index: 2 d for the float16 matrix, the faiss index's own count
-        (data.stateindex: serialized bytes per kept state, float32 during its warm-up) otherwise."""
+        (data.index.stateindex: serialized bytes per kept state, float32 during its warm-up) otherwise."""
         if self.d is None:
             return None
         if self.index is None:

@@ -22,7 +22,7 @@ import heapq
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from data.automaton import SuffixAutomaton
+from data.index.automaton import SuffixAutomaton
 from decoder.draft import ROOT, Draft
 from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter
 

@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from typing import Hashable, Sequence
 
 from data.errors import OilbirdError
-from data.schema import prompt_hash as hash_prompt
+from data.store.schema import prompt_hash as hash_prompt
 from decoder.draft import ROOT, Draft, Drafter
 
 NAME = "suffix-arctic"

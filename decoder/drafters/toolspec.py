@@ -86,7 +86,7 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from data.errors import OilbirdError
-from data.schema import prompt_hash as hash_prompt
+from data.store.schema import prompt_hash as hash_prompt
 from decoder.draft import Draft, Drafter
 from decoder.drafters.recycling import AdjacencyTable, default_template
 
@@ -177,7 +177,7 @@ def _load(path: str):
 def resolve_tokenizer(spec: str, vocab_size: int) -> tuple[object | None, str]:
     """(tokenizer, its name) for `tokenizer=spec`; `auto`: the project's model whose tokenizer has exactly
     `vocab_size` entries, looked up without downloading or dequantizing anything, else (None, why)."""
-    from data.models import model_identity, resolve_model
+    from data.capture.models import model_identity, resolve_model
 
     if spec == "auto":
         for alias in AUTO_MODELS:

@@ -1,0 +1,6 @@
+"""Producing a trace store: `python -m data capture` (run.py) decodes a benchmark greedily (greedy.py) or
+teacher-forced (teacher.py) with a loaded model (models.py, kvcache.py), or by serving in vLLM (vllm_engine.py,
+vllm_rows.py, vllm_capture.py, and served_store.py: serving writes the store); agreement.py compares two stores.
+
+May import: data.store, data.benchmarks and the top modules (errors, stats, versions). Nothing in data imports it.
+"""

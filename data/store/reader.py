@@ -1,0 +1,404 @@
+"""The trace store as its readers see it: `open_store` checks a store and returns it in memory.
+
+Layout of `runs/<bench>/<model>/traces/` (the folder: data/store/layout.py `store_dir`):
+  meta.json          model, fingerprints, layer, n_layers, d_model, dtype, bench, mode, ... and
+                     `complete` (false while a capture is running or was interrupted),
+                     `n_requests` (committed so far), `checksums` (sha256 of every committed file),
+                     `store_format` (the Parquet layout, data/store/schema.py: 2; absent = 1, the older one)
+  requests.parquet   one row per finished request (request_schema); rewritten atomically after
+                     every part, so it is the commit point of a resumable capture. Its column
+                     `tenant` (string, "" = the default tenant) is absent from stores written
+                     before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
+                     checksums, taken over the files' bytes, still hold
+  positions-NNNNN.parquet   one row per generated token (position_schema); a part holds whole
+                     requests and is renamed into place before requests.parquet names them
+
+The format (schemas, position semantics, the prompt hash): data/store/schema.py. Writing and the commit
+protocol: data/store/writer.py. The full check behind `python -m data verify`: data/store/verify.py.
+
+Readers (open_store) refuse an incomplete store, then verify every checksum (sha256 runs at about
+1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
+written before checksums existed (no `checksums` key) open unverified (`TraceStore.verified`).
+Checksums cannot be dropped to pass that check (`written_with_checksums`): every writer that
+records `checksums` has written `n_requests` beside them in the same meta.json (since checksums
+exist) and a new store also gets `store_format` 2 (since that format exists); a store older
+than checksums has neither (a migration of it sets `store_format` but also `migrated_from_format`,
+and no `n_requests`). So a meta.json without `checksums` but with `n_requests`, or with
+`store_format` >= 2 and no `migrated_from_format`, lost them after capture: the store is refused
+as damaged (readers and a resuming writer alike, so a resume cannot re-record tampered files).
+Only a store stripped of all three (and so indistinguishable from one older than checksums) still
+opens unverified; every result computed on it records `store_verified: false` and says so.
+
+What a result depends on is `TraceStore.fingerprint` (`store_fingerprint` of meta.json; for a
+store without checksums, of its files' sha256 as read): results record it as `store_fingerprint`,
+`current_fingerprint(path)` is the store's one as it is now, and a result whose fingerprint differs
+is stale (`current_summary` recomputes it; the reports mark it).
+
+A store killed between the commit point and its meta.json update (step 3 of 4 of the commit
+protocol) is recognised here (`_load_committed`): its requests.parquet is accepted only when it
+holds exactly the pending row count and agrees row for row with the verified parts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from data.errors import OilbirdError
+from data.store.schema import (FORMAT_VERSION, META_KEYS, PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, bools,
+                         fixed_list_to_numpy, position_schema, request_schema)
+from data.store.parquetfile import _read_checked
+
+
+@dataclass
+class TraceStore:
+    """A validated trace store in memory. Rows of `positions`, `hidden`, `topk` are aligned and
+    sorted by (request, position); `offsets[r]:offsets[r+1]` are request r's rows."""
+
+    path: Path
+    meta: dict
+    requests: pl.DataFrame  # request, id, group, prompt_hash, prompt_tokens, output_tokens, stop_reason, seconds,
+    #                         tenant ("" in a store written before tenants)
+    positions: pl.DataFrame  # request, position, token
+    hidden: np.ndarray  # [n_positions, d_model] float16 (zeros where null)
+    hidden_valid: np.ndarray  # [n_positions] bool
+    topk: np.ndarray  # [n_positions, 8] int32 (zeros where null)
+    prompt_last_hidden: np.ndarray  # [n_requests, d_model] float16
+    prompt_last_topk: np.ndarray  # [n_requests, 8] int32
+    offsets: np.ndarray  # [n_requests + 1] int64
+    verified: bool = False  # every file matched its checksum in meta.json (False: a store older than checksums)
+    file_checksums: dict | None = None  # sha256 of each committed file as read (`fingerprint` of an unverified store)
+
+    @property
+    def n_requests(self) -> int:
+        return self.requests.height
+
+    @property
+    def d_model(self) -> int:
+        return int(self.meta["d_model"])
+
+    def tokens(self, r: int) -> np.ndarray:
+        return self.positions["token"].to_numpy()[self.offsets[r]:self.offsets[r + 1]]
+
+    def prompt(self, r: int) -> list[int]:
+        return list(self.requests["prompt_tokens"][r])
+
+    @property
+    def fingerprint(self) -> str:
+        """The `store_fingerprint` a result computed from this store records (`current_fingerprint` is the
+        same for the store on disk): meta.json's checksums, or for a store without them the files' own
+        sha256 as read, so a hand edit of an unverified store still makes its results stale."""
+        if self.verified or self.file_checksums is None:
+            return store_fingerprint(self.meta)
+        return store_fingerprint(dict(self.meta, checksums=self.file_checksums, n_requests=self.n_requests))
+
+
+def store_fingerprint(meta: dict) -> str:
+    """What a result computed from a store depends on: its committed files (their sha256s) and request
+    count. Results record it, and `--if-missing` reuses a result only when the store still has it."""
+    blob = json.dumps({"checksums": meta.get("checksums") or {}, "n_requests": meta.get("n_requests"),
+                       "model_fingerprint": meta.get("model_fingerprint")}, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def current_fingerprint(store_path: str | Path) -> str | None:
+    """The `store_fingerprint` of the store at `store_path` as it is now (what `TraceStore.fingerprint`
+    gives when it is opened), or None when it has no readable meta.json or requests.parquet. Reads
+    meta.json only; a store without checksums has its files hashed (sha256, about 1 GB/s)."""
+    path = Path(store_path)
+    try:
+        meta = json.loads((path / "meta.json").read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    if not isinstance(meta, dict):
+        return None
+    if meta.get("checksums") is not None:
+        return store_fingerprint(meta)
+    req = path / "requests.parquet"
+    try:
+        sums = {f.name: _file_sha256(f) for f in [req, *position_parts(path)]}
+        n = meta.get("n_requests")
+        if n is None:  # written before n_requests: the rows, from the file's footer
+            import pyarrow.parquet as pq
+
+            n = pq.read_metadata(req).num_rows
+    except Exception:  # a missing or unreadable file: nothing to compare with (open_store says why)
+        return None
+    return store_fingerprint(dict(meta, checksums=sums, n_requests=n))
+
+
+def _file_sha256(f: Path) -> str:
+    h = hashlib.sha256()
+    with open(f, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 24), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def current_summary(summary_path: str | Path, store_path: str | Path, **expected) -> dict | None:
+    """The summary.json at `summary_path` when it was computed from the store as it is now (a complete
+    store with the same fingerprint: `current_fingerprint`) and its fields equal `expected`; else None
+    (recompute). What `--if-missing` (census, replay, the grid) reuses."""
+    summary_path, meta_path = Path(summary_path), Path(store_path) / "meta.json"
+    if not summary_path.exists() or not meta_path.exists():
+        return None
+    try:
+        summary, meta = json.loads(summary_path.read_text()), json.loads(meta_path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    if not isinstance(summary, dict) or not isinstance(meta, dict) or not meta.get("complete"):
+        return None
+    if summary.get("store_fingerprint") != current_fingerprint(store_path):
+        return None
+    return summary if all(summary.get(k) == v for k, v in expected.items()) else None
+
+
+def read_meta(path: Path) -> dict:
+    meta_path = Path(path) / "meta.json"
+    if not meta_path.exists():
+        raise OilbirdError(f"no trace store at {path} (meta.json missing); run `python -m data capture` first")
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise OilbirdError(f"{meta_path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    if not isinstance(meta, dict):
+        raise OilbirdError(f"{meta_path} is not a JSON object; not a trace store")
+    missing = [k for k in META_KEYS if k not in meta]
+    if missing:
+        raise OilbirdError(f"{meta_path} lacks {', '.join(missing)}; not a trace store of this version")
+    if meta["format"] != FORMAT_VERSION:
+        raise OilbirdError(f"{meta_path} has format {meta['format']}, this code reads {FORMAT_VERSION}")
+    return meta
+
+
+def position_parts(path: Path) -> list[Path]:
+    return sorted(Path(path).glob("positions-*.parquet"))
+
+
+def _damaged(path: Path, what: str) -> OilbirdError:
+    return OilbirdError(f"trace store {path} is damaged: {what}; recapture with --force "
+                        "(or restore the store from a copy)")
+
+
+@dataclass
+class _Committed:
+    """What a store holds as of its last commit, read and checked against meta.json's checksums."""
+
+    requests: pa.Table
+    parts: list[pa.Table]
+    checksums: dict  # name -> sha256 of every committed file (computed, for a store older than checksums)
+    orphans: list[Path]  # positions parts written by an interrupted commit, named by no request
+    promoted: bool  # requests.parquet was committed but meta.json not yet updated (step 3 of 4)
+    verified: bool  # checksums were recorded and matched
+
+
+def _load_committed(path: Path, meta: dict) -> _Committed:
+    d = int(meta["d_model"])
+    req_path = path / "requests.parquet"
+    sums = meta.get("checksums")
+    legacy_ok = _store_format(meta) < STORE_FORMAT
+    if sums is None:
+        marker = written_with_checksums(meta)
+        if marker:  # removed after capture: refused, or a tampered file would pass as an older store's
+            raise _damaged(path, f"meta.json records no checksums, yet its {marker} shows it was written by a "
+                                 "capture that records them: they were removed, so no file can be checked")
+        # written before checksums: nothing to verify, only uncommitted parts to tell apart
+        return _load_unverified(path, d, legacy_ok)
+    if not isinstance(sums, dict):
+        raise _damaged(path, "meta.json `checksums` is not an object of file name -> sha256")
+    expected = dict(sums)
+    moving = meta.get("migrating") or {}  # an interrupted migration's new checksums (data/store/migrate.py)
+    promoted = False
+    if req_path.exists():
+        req, h = _read_checked(req_path, request_schema(d), legacy_ok)
+        if h != sums.get(req_path.name) and h == moving.get(req_path.name):
+            expected[req_path.name] = h
+        elif h != sums.get(req_path.name):
+            pending = meta.get("pending") or {}
+            if pending.get("n_requests") != req.num_rows or not pending.get("file"):
+                raise _damaged(path, f"{req_path.name} does not match its checksum in meta.json")
+            # killed after the commit point, before meta.json recorded it: rows are checked below
+            expected.update({req_path.name: h, pending["file"]: pending["sha256"]})
+            promoted = True
+    elif req_path.name in sums:
+        raise _damaged(path, f"{req_path.name} is missing")
+    else:
+        req = request_schema(d).empty_table()
+    parts = []
+    for name in sorted(n for n in expected if n != req_path.name):
+        if not (path / name).exists():
+            raise _damaged(path, f"{name} is missing")
+        table, h = _read_checked(path / name, position_schema(d), legacy_ok)
+        if h != expected[name] and h != moving.get(name):
+            raise _damaged(path, f"{name} does not match its checksum in meta.json")
+        expected[name] = h
+        parts.append(table)
+    orphans = [p for p in position_parts(path) if p.name not in expected]
+    if promoted:
+        _check_rows(path, req, parts)
+    return _Committed(req, parts, expected, orphans, promoted, verified=True)
+
+
+def _load_unverified(path: Path, d: int, legacy_ok: bool) -> _Committed:
+    """A store written before checksums: parts whose requests requests.parquet names are committed."""
+    req_path = path / "requests.parquet"
+    req, found = request_schema(d).empty_table(), {}
+    if req_path.exists():
+        req, found[req_path.name] = _read_checked(req_path, request_schema(d), legacy_ok)
+    done = set(req.column("request").to_pylist())
+    parts, orphans = [], []
+    for part in position_parts(path):
+        table, h = _read_checked(part, position_schema(d), legacy_ok)
+        if set(table.column("request").to_pylist()) <= done:
+            parts.append(table)
+            found[part.name] = h
+        else:
+            orphans.append(part)
+    return _Committed(req, parts, found, orphans, promoted=False, verified=False)
+
+
+def written_with_checksums(meta: dict) -> str | None:
+    """What in `meta` shows the store was written by code that records checksums (so a missing
+    `checksums` is damage), or None for a store older than checksums. The rule (module docstring):
+    `n_requests` (every checksumming writer sets it beside `checksums`), or `store_format` >= 2
+    without `migrated_from_format` (a new store's writer sets it beside `checksums`; a migration of
+    a store older than checksums sets `migrated_from_format` too)."""
+    if "n_requests" in meta:
+        return "`n_requests`"
+    if _store_format(meta) >= STORE_FORMAT and "migrated_from_format" not in meta:
+        return f"`store_format` {meta.get('store_format')}"
+    return None
+
+
+def _store_format(meta: dict) -> int:
+    """The Parquet layout a store's meta.json declares (1 when absent: written before store formats)."""
+    return int(meta.get("store_format") or 1)
+
+
+def _in_order(table: pa.Table, keys: tuple[str, ...]) -> bool:
+    """Rows strictly increasing by `keys` (lexicographically)."""
+    cols = [table.column(k).to_numpy().astype(np.int64) for k in keys]
+    if len(cols[0]) < 2:
+        return True
+    later = np.zeros(len(cols[0]) - 1, bool)
+    tie = np.ones(len(cols[0]) - 1, bool)
+    for c in cols:
+        step = np.diff(c)
+        later |= tie & (step > 0)
+        tie &= step == 0
+    return bool(later.all())
+
+
+def _check_rows(path: Path, req: pa.Table, parts: list[pa.Table]):
+    """requests.parquet and the position rows describe the same requests and tokens."""
+    d = req.schema.field("prompt_last_hidden").type.list_size
+    pos = pa.concat_tables(parts) if parts else position_schema(d).empty_table()
+    if not _in_order(req, ("request",)):  # capture writes them in order; sorting copies every state
+        req = req.sort_by("request")
+    if not _in_order(pos, ("request", "position")):
+        pos = pos.sort_by([("request", "ascending"), ("position", "ascending")])
+    requests = pl.from_arrow(req.drop_columns(["prompt_last_hidden", "prompt_last_topk", "prompt_last_valid"]))
+    positions = pl.from_arrow(pos.select(["request", "position", "token"]))
+    n_req = requests.height
+    if requests["tenant"].null_count():
+        raise _damaged(path, "a request's tenant is null (the default tenant is \"\")")
+    if requests["request"].to_list() != list(range(n_req)):
+        raise _damaged(path, f"requests.parquet does not number its requests 0..{n_req - 1}")
+    lengths = requests["output_tokens"].list.len().to_numpy().astype(np.int64)
+    offsets = np.concatenate([[0], np.cumsum(lengths)])
+    if positions.height != int(offsets[-1]):
+        raise _damaged(path, f"{positions.height} position rows for {int(offsets[-1])} generated tokens")
+    expect_req = np.repeat(np.arange(n_req, dtype=np.int32), lengths)
+    expect_pos = np.concatenate([np.arange(n, dtype=np.int32) for n in lengths]) if n_req else np.zeros(0, np.int32)
+    if not (np.array_equal(positions["request"].to_numpy(), expect_req)
+            and np.array_equal(positions["position"].to_numpy(), expect_pos)):
+        raise _damaged(path, "position rows do not match requests.parquet")
+    flat_out = requests["output_tokens"].explode().drop_nulls().to_numpy()
+    if not np.array_equal(positions["token"].to_numpy(), flat_out.astype(np.int32)):
+        raise _damaged(path, "position tokens differ from output_tokens")
+    return req, pos, requests, positions, offsets
+
+
+def _hashes_checked(meta: dict) -> bool:
+    # capture writes real prompt hashes (and says so); stores older than checksums all came from capture
+    return meta.get("prompt_hash_scheme") == PROMPT_HASH_SCHEME or "checksums" not in meta
+
+
+def _check_prompt_hashes(path: Path, req: pa.Table) -> None:
+    col = req.column("prompt_tokens").combine_chunks()
+    values = pc.list_flatten(col).to_numpy(zero_copy_only=False).astype(np.int32)
+    ends = np.cumsum(pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False))
+    starts = ends - pc.list_value_length(col).fill_null(0).to_numpy(zero_copy_only=False)
+    stored = req.column("prompt_hash").to_pylist()
+    ids = req.column("id").to_pylist()
+    for r, (a, b) in enumerate(zip(starts, ends)):
+        h = hashlib.sha256(values[a:b].tobytes()).hexdigest()[:16]
+        if h != stored[r]:
+            raise _damaged(path, f"request {r} ({ids[r]}) has prompt_hash {stored[r]} but its prompt tokens "
+                                 f"hash to {h}")
+
+
+def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_model: int | None = None,
+               allow_incomplete: bool = False, load_hidden: bool = True) -> TraceStore:
+    """Read and validate a trace store. Mismatches with the expected model are one-line errors."""
+    path = Path(path)
+    meta = read_meta(path)
+    rerun = "rerun the same capture command to resume it (nothing captured so far is lost)"
+    if not meta["complete"] and not allow_incomplete:
+        from data.store.lock import writer_of
+
+        holder = writer_of(path)
+        if holder is not None:
+            raise OilbirdError(f"trace store {path} is being written ({holder}); wait for it to finish")
+        raise OilbirdError(f"trace store {path} is incomplete (its capture was interrupted); {rerun}")
+    if d_model is not None and int(meta["d_model"]) != int(d_model):
+        raise OilbirdError(f"trace store {path} has d_model {meta['d_model']}, the model has {d_model}: wrong model for this store")
+    if model_fingerprint is not None and meta["model_fingerprint"] != model_fingerprint:
+        raise OilbirdError(f"trace store {path} was captured with {meta['model']} ({meta['model_fingerprint']}), "
+                           f"not this model ({model_fingerprint}): wrong model for this store")
+    d = int(meta["d_model"])
+    if not (path / "requests.parquet").exists() and "requests.parquet" not in (meta.get("checksums") or {}):
+        raise OilbirdError(f"trace store {path} has no requests.parquet")
+    got = _load_committed(path, meta)
+    if meta["complete"] and (got.orphans or got.promoted):
+        what = got.orphans[0].name if got.orphans else "requests.parquet"
+        raise OilbirdError(f"trace store {path}: {what} was written by an interrupted capture and never "
+                           f"committed; {rerun}")
+    if got.requests.num_rows == 0:
+        raise OilbirdError(f"trace store {path} holds no requests")
+    if meta["complete"] and meta.get("n_requests") is not None and int(meta["n_requests"]) != got.requests.num_rows:
+        raise OilbirdError(f"trace store {path}: meta.json says {meta['n_requests']} requests but requests.parquet "
+                           f"holds {got.requests.num_rows}: an extension of the store was interrupted; {rerun}")
+    req, pos, requests, positions, offsets = _check_rows(path, got.requests, got.parts)
+    if _hashes_checked(meta):
+        _check_prompt_hashes(path, req)
+
+    valid = bools(pos.column("hidden_valid"))
+    topk = _zero_invalid(fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)[0], valid)
+    if load_hidden:
+        hidden = _zero_invalid(fixed_list_to_numpy(pos.column("hidden"), d, np.float16)[0], valid)
+    else:
+        hidden, valid = np.zeros((0, d), np.float16), np.zeros(0, bool)
+    prompt_valid = bools(req.column("prompt_last_valid"))
+    plh = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_hidden"), d, np.float16)[0], prompt_valid)
+    plt = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
+    return TraceStore(path=path, meta=meta, requests=requests, positions=positions, hidden=hidden,
+                      hidden_valid=valid, topk=topk, prompt_last_hidden=plh, prompt_last_topk=plt,
+                      offsets=offsets, verified=got.verified, file_checksums=got.checksums)
+
+
+def _zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rows whose validity is false read as zeros (what format 2 writes there; a hand edit may not)."""
+    if valid.all() or not rows[~valid].any():
+        return rows
+    rows = rows.copy()
+    rows[~valid] = 0
+    return rows
+

@@ -1,0 +1,180 @@
+"""Oilbird inside vLLM: the decoder's own drafters as a vLLM speculative proposer (`method: custom_class`).
+
+Turn it on (one line of Python; `vllm serve` takes the same dict as --speculative-config):
+
+    LLM(model, enforce_eager=True, speculative_config=speculative_config("oilbird", k=8))
+
+`speculative_config(arm, k, nodes=60, index="auto")` returns vLLM's dict and puts the arm in the
+environment (OILBIRD_VLLM_ARM, ..._NODES, ..._INDEX), which the engine's child process inherits:
+vLLM passes a custom class nothing but its own config. For `vllm serve`:
+
+    OILBIRD_VLLM_ARM=oilbird vllm serve MODEL --enforce-eager \\
+        --speculative-config '{"method": "custom_class", "model": "decoder.vllm.proposer.OilbirdProposer",
+                               "num_speculative_tokens": 8}'
+
+What runs, per engine step (vLLM calls `propose` after committing the step's tokens):
+  1. `StepTap` (data/capture/vllm_engine.py) has the step's states at the capture layer (the store's layer) and the
+     top-8 of every verified position; `RowTracker` (data/capture/vllm_rows.py) says which request each row holds.
+  2. A request that left the batch has finished: its trace (tokens and states) enters the pool, under its
+     prompt's hash (data.store.schema.prompt_hash, the store's), so requests of the same prompt never draft from it.
+  3. Per row: the drafter resumes that request (`Drafter.resume_request`), observes the verification of
+     the chain it proposed there at the last step (accepted = the sampled tokens but the last; the states
+     and top-8 of the anchor and every verified node), proposes the next draft and suspends the request.
+     One drafter serves every row, so every request drafts from one pool.
+  4. vLLM verifies one chain per row, so the arm runs with `chain=k`: it builds its whole tree (at `nodes`
+     nodes, as in replay) and proposes its best chain (decoder.draft.best_chain: at each node the child
+     the most sources proposed, ties to the host's spine), at most k tokens. The replay of the same arm
+     with `@chain=k` predicts it.
+The arms are the replay's names (`oilbird`, `oilbird-no-semantic`, variants `oilbird@field=value`); an arm
+whose drafter keeps per-request state without `suspend_request` is refused.
+With OILBIRD_VLLM_STORE=<folder> (the one flag) every finished request is also written to a trace store
+there (data/capture/served_store.py), and a proposer that starts on an existing one pools its traces first.
+Counters (the drafter's, and the proposer's: steps, rows, requests, drafting seconds) go to the JSON file
+OILBIRD_VLLM_STATS names (after every finished request, atomically); log lines to OILBIRD_VLLM_LOG, never
+stdout (the engine's child process owns it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from data.errors import OilbirdError
+from data.store.files import atomic_write_json
+from data.store.schema import prompt_hash
+from data.capture.vllm_capture import RequestRecorder, Trace
+from data.capture.vllm_rows import RowRequest
+from decoder.draft import Draft, Drafter, VerifyResult
+from decoder.drafters import make_drafter
+from decoder.pools import PoolSettings
+
+CLASS_PATH = "decoder.vllm.proposer.OilbirdProposer"
+ENV = "OILBIRD_VLLM_"
+
+
+@dataclass(frozen=True)
+class ProposerSettings:
+    """The proposer's settings, read from OILBIRD_VLLM_<FIELD> in the engine's process."""
+
+    arm: str = "oilbird"  # a replay arm: oilbird, oilbird-no-semantic, oilbird@field=value...
+    nodes: int = 60  # the tree's node budget before the best chain is taken (replay's --nodes)
+    index: str = "auto"  # the semantic key's index (decoder/pools.py --index)
+    stats: str = ""  # a JSON file for the counters ("" = none)
+    log: str = ""  # a log file ("" = none)
+
+    @classmethod
+    def from_env(cls) -> "ProposerSettings":
+        kw: dict[str, Any] = {}
+        for f in ("arm", "nodes", "index", "stats", "log"):
+            v = os.environ.get(ENV + f.upper())
+            if v:
+                kw[f] = int(v) if f == "nodes" else v
+        return cls(**kw)
+
+    def to_env(self) -> dict[str, str]:
+        return {ENV + k.upper(): str(v) for k, v in asdict(self).items()}
+
+
+def speculative_config(arm: str = "oilbird", k: int = 8, nodes: int = 60, index: str = "auto",
+                       stats: str | None = None, log: str | None = None) -> dict:
+    """vLLM's speculative_config for an Oilbird arm, the settings put in this process's environment (the
+    engine's child inherits it). The arm is checked here, so a bad name fails before the engine starts.
+    `stats` and `log` left None keep what the environment says (OILBIRD_VLLM_STATS, OILBIRD_VLLM_LOG)."""
+    env = ProposerSettings.from_env()
+    settings = ProposerSettings(arm, nodes, index, env.stats if stats is None else stats,
+                                env.log if log is None else log)
+    check_arm(arm, k)
+    os.environ.update(settings.to_env())
+    return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": int(k)}
+
+
+def check_arm(arm: str, k: int, vocab_size: int = 16) -> Drafter:
+    """A drafter for `arm` drafting chains of k, or one line why not."""
+    if k < 1:
+        raise OilbirdError(f"num_speculative_tokens must be at least 1 (got {k})")
+    drafter = make_drafter(arm, vocab_size=vocab_size, nodes=60)
+    if type(drafter).suspend_request is Drafter.suspend_request:
+        raise OilbirdError(f"arm {arm!r} cannot interleave requests (its drafter has no suspend_request); "
+                           "in vLLM use an Oilbird arm: oilbird, oilbird-no-semantic, oilbird@field=value")
+    return make_drafter(arm, vocab_size=vocab_size, nodes=60, chain=k)
+
+
+class OilbirdProposer(RequestRecorder):
+    """vLLM's custom_class proposer: `OilbirdProposer(vllm_config)`, `load_model(model)`, `propose(...)`
+    (data/capture/vllm_capture.py's RequestRecorder follows the rows and records the traces; this drafts)."""
+
+    def __init__(self, vllm_config: Any) -> None:
+        super().__init__(vllm_config)
+        self.settings = s = ProposerSettings.from_env()
+        vocab = int(vllm_config.model_config.get_vocab_size())
+        check_arm(s.arm, self.k)
+        self.drafter = make_drafter(s.arm, vocab_size=vocab, nodes=s.nodes, chain=self.k,
+                                    shared=PoolSettings(index=s.index, knn_recall_every=0).shared())
+        self.counts["pooled_tokens"] = 0
+        self._log(f"oilbird proposer: arm {s.arm}, chain k={self.k}, tree nodes {s.nodes}, index {s.index}")
+
+    def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
+        """The recorder's taps (and the served store, when OILBIRD_VLLM_STORE is set); an existing served
+        store's traces enter the pool first, so a restarted server drafts from what it served before."""
+        super().load_model(model, *args, **kwargs)
+        if self.store is not None and self.store.writer.done:
+            from data.store.reader import open_store
+            from decoder.traces import load_traces
+
+            # a store of another model is refused (its states mean nothing here); unknown rows are zeros
+            store = open_store(self.store.path, model_fingerprint=self.store.writer.meta["model_fingerprint"])
+            warm = load_traces(store, None, None)
+            for t in warm:
+                self.drafter.add_trace(t.tokens, prompt_hash(t.prompt), t.pool_states())
+                self.counts["pooled_tokens"] += len(t.tokens)
+            self._log(f"oilbird proposer: {len(warm)} traces of the served store {self.store.path} pooled")
+
+    def draft(self, req: RowRequest, rows, sampled: Sequence[int], room: int) -> list[int]:
+        """Resume the request, observe the verification of its last chain, propose the next, suspend it."""
+        if req.saved is None:  # a new request: the prompt list is built once, here
+            prompt = req.tokens[:req.prompt_len].tolist()
+            self.drafter.begin_request(prompt, prompt_hash(prompt))
+        else:
+            self.drafter.resume_request(req.saved)
+        if rows is not None:
+            hidden, topk = rows
+            accepted = len(sampled) - 1
+            pending = req.draft if req.draft is not None else Draft()
+            draft = Draft()  # the chain as vLLM verified it (a scheduler may have cut it)
+            for j in range(min(len(hidden) - 1, len(pending))):
+                draft.add_node(j - 1, pending.tokens[j], "")
+                draft.sources[j] = set(pending.sources[j])
+            context = req.tokens[: len(req.tokens) - len(sampled)].tolist()
+            self.drafter.observe(context, VerifyResult(draft, list(range(accepted)), int(sampled[-1]),
+                                                       list(map(int, sampled)), topk[:, 0].copy(), topk, hidden))
+        req.draft = self.drafter.propose(req.tokens.tolist(), self.settings.nodes) if room > 0 else Draft()
+        req.pending = req.draft.tokens[:max(0, room)]
+        req.saved = self.drafter.suspend_request()
+        return req.pending
+
+    def finished(self, req: RowRequest, trace: Trace | None) -> None:
+        """A finished request's trace enters the pool under its prompt's hash (the store's conventions:
+        the rows the taps missed, and the last output token's, are zeros)."""
+        if trace is None or not len(trace.output) or req.saved is None:
+            return
+        hidden = trace.hidden * trace.hidden_valid[:, None]
+        self.drafter.add_trace(trace.output.tolist(), prompt_hash(trace.prompt.tolist()), hidden)
+        self.counts["pooled_tokens"] += len(trace.output)
+        self._write_stats()
+
+    # ------------------------------------------------------------ reporting
+    def stats(self) -> dict:
+        return {"arm": self.settings.arm, "k": self.k, "nodes": self.settings.nodes, **self.counts,
+                "drafter": self.drafter.counters()}
+
+    def _write_stats(self) -> None:
+        if self.settings.stats:
+            atomic_write_json(Path(self.settings.stats), json.loads(json.dumps(self.stats(), default=float)))
+
+    def _log(self, line: str) -> None:
+        if self.settings.log:
+            with open(self.settings.log, "a") as f:
+                f.write(line + "\n")
