@@ -31,11 +31,16 @@ import time
 import torch
 
 from data.benchmarks.registry import get_benchmark, load_requests
-from data.capture.run import fit_prompts
-from data.errors import OilbirdError, cli_entry
 from data.capture.greedy import PrefixCache, greedy_batch
 from data.capture.models import LayerTap, cache_kwargs, encode_prompt, load_model
-from data.capture.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
+from data.capture.run import fit_prompts
+from data.capture.teacher import (
+    ReferencePrefixCache,
+    reference_tokens,
+    teacher_forced,
+    teacher_forced_cached,
+)
+from data.errors import OilbirdError, cli_entry
 
 
 @torch.no_grad()

@@ -24,8 +24,8 @@ import torch
 
 from census.definitions import CensusConfig, CensusInput
 from census.positions import census_positions
-from data.errors import OilbirdError, cli_entry
 from data.capture.models import pick_device
+from data.errors import OilbirdError, cli_entry
 
 
 def parse_size(text: str) -> int:

@@ -30,8 +30,8 @@ import time
 
 import torch
 
-from data.errors import OilbirdError, cli_entry
 from data.capture.models import load_model
+from data.errors import OilbirdError, cli_entry
 from decoder.harness import DEFAULT_ARMS, DecodeConfig, run_decode, with_range
 from decoder.reference import STATIC_ARM
 

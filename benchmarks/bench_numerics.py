@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from data.benchmarks.registry import get_benchmark, load_requests
-from data.errors import OilbirdError, cli_entry
 from data.capture.models import encode_prompt, load_model
+from data.errors import OilbirdError, cli_entry
 from decoder.audit import NUMERIC_MARGIN
 from decoder.engine import _new_cache, decode_greedy, prefill, stop_rule, verify_tree
 from decoder.tree import compact_cache

@@ -20,7 +20,14 @@ from __future__ import annotations
 import argparse
 import sys
 
-from bench_decode import SPEED_HEADS, add_serve_args, serve, speed_columns, speed_notes  # benchmarks/ is on sys.path
+from bench_decode import (  # benchmarks/ is on sys.path
+    SPEED_HEADS,
+    add_serve_args,
+    serve,
+    speed_columns,
+    speed_notes,
+)
+
 from data.benchmarks.registry import get_benchmark
 from data.errors import OilbirdError, cli_entry
 

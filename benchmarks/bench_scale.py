@@ -41,13 +41,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from tiling import (  # benchmarks/tiling.py, beside this script
+    make_disguise,
+    noise_scale,
+    store_vocab,
+)
 
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import census_dir, default_profile_path, model_slug, store_dir
-from data.store.schema import prompt_hash
 from data.store.reader import open_store
+from data.store.schema import prompt_hash
 from data.store.writer import StoreWriter, TraceRecord
-from tiling import make_disguise, noise_scale, store_vocab  # benchmarks/tiling.py, beside this script
 
 DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
 

@@ -6,7 +6,11 @@ the settings below."""
 
 from __future__ import annotations
 
-from decoder.drafters.suffix_arctic import SuffixArcticConfig, SuffixArcticDrafter, load_arctic  # noqa: F401
+from decoder.drafters.suffix_arctic import (  # noqa: F401
+    SuffixArcticConfig,
+    SuffixArcticDrafter,
+    load_arctic,
+)
 
 ARCTIC = "arcticinference"  # the row name of ArcticInference's SuffixDecodingCache
 ARCTIC_SETTINGS = {"max_tree_depth": 64, "max_spec_factor": 4.0, "min_token_prob": 0.1, "use_tree_spec": True,

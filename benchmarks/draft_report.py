@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import Sequence
 
 import numpy as np
+from draft_rounds import BEFORE_ARM, INLINE_ARM
 
 from decoder.policy import OFF_ARM, ON_ARM
-from draft_rounds import BEFORE_ARM, INLINE_ARM
 
 
 def ms_distribution(seconds: Sequence[float]) -> dict:

@@ -84,8 +84,8 @@ def _sweep_parser(kind: str) -> argparse.ArgumentParser:
 
 def _grid_parser() -> argparse.ArgumentParser:
     from census.grid import GridCapture
-    from data.benchmarks.registry import GRID_BENCHES
     from data.benchmarks.jsonl import MAX_LINE_HELP
+    from data.benchmarks.registry import GRID_BENCHES
 
     cap = GridCapture()
     p = argparse.ArgumentParser(prog="python -m census grid", description="Avail / Gap / Recall across benchmarks "
@@ -171,8 +171,8 @@ def _sweep(kind: str, args) -> int:
 
 def _grid(args) -> int:
     from census.grid import GridCapture, format_grid, grid_table
-    from data.store.files import atomic_write_bytes, atomic_write_json, clean_leftovers
     from data.benchmarks.jsonl import line_bound
+    from data.store.files import atomic_write_bytes, atomic_write_json, clean_leftovers
     from data.store.layout import check_writable, grid_dir, grid_name, model_slug
 
     benches = [b.strip() for b in args.benches.split(",") if b.strip()]

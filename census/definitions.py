@@ -124,7 +124,9 @@ class CensusConfig:
     store_budget: str | None = None  # bounded past pool: tokens (200k) or megabytes (64MB); None: unbounded
 
     def validate(self) -> "CensusConfig":
-        from data.index.budget import parse_budget  # here, not at the top: data.index.stateindex imports torch
+        from data.index.budget import (
+            parse_budget,  # here, not at the top: data.index.stateindex imports torch
+        )
         from data.index.stateindex import parse_index_spec
 
         if self.pool not in POOL_MODES:

@@ -58,8 +58,9 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
           file=sys.stderr)
     if _store_complete(path, limit or len(load_requests(bench))):  # a shorter store is extended
         return
-    from data.capture.run import CaptureConfig, capture as run_capture
     from data.capture.models import load_model
+    from data.capture.run import CaptureConfig
+    from data.capture.run import capture as run_capture
 
     if "lm" not in loaded:
         loaded["lm"] = load_model(model)

@@ -20,6 +20,7 @@ import numpy as np
 
 from data.index.automaton import SuffixAutomaton
 
+
 @dataclass
 class LexicalRow:
     """Lexical answers for one request: arrays over its generated positions."""

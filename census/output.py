@@ -18,10 +18,17 @@ import polars as pl
 from census.definitions import CensusConfig, CensusInput
 from census.positions import census_run
 from census.summary import summarize
-from data.errors import OilbirdError
-from data.store.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point, is_stale, make_tmp_dir
-from data.store.layout import census_dir, model_slug, store_dir
 from data.capture.models import pick_device, same_model
+from data.errors import OilbirdError
+from data.store.files import (
+    atomic_write_json,
+    atomic_write_table,
+    clean_leftovers,
+    fault_point,
+    is_stale,
+    make_tmp_dir,
+)
+from data.store.layout import census_dir, model_slug, store_dir
 from data.store.reader import TraceStore, open_store
 
 

@@ -18,9 +18,9 @@ import numpy as np
 
 from census.definitions import CensusConfig, CensusInput, entry_valid
 from census.index import PoolView
+from data.errors import OilbirdError
 from data.index.automaton import SuffixAutomaton
 from data.index.budget import Budget, bytes_per_token, parse_budget, window_starts
-from data.errors import OilbirdError
 from data.index.stateindex import IndexSpec, check_trainable, parse_index_spec
 
 

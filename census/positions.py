@@ -20,15 +20,22 @@ import polars as pl
 import torch
 from tqdm import tqdm
 
-from census.definitions import POSITION_COLUMNS, CensusConfig, CensusInput, Entries, build_entries, entry_valid
+from census.definitions import (
+    POSITION_COLUMNS,
+    CensusConfig,
+    CensusInput,
+    Entries,
+    build_entries,
+    entry_valid,
+)
 from census.index import PoolView
 from census.keys import EmbeddingKey, IndexedKey, SemanticKey, make_key
 from census.knn import set_exact_matmul
 from census.pool import LexicalPool, Part, TokenEntries, local_rows, prepare
 from census.recall import index_block
-from data.index.budget import LOW_WATER
-from data.errors import OilbirdError
 from data.capture.models import pick_device
+from data.errors import OilbirdError
+from data.index.budget import LOW_WATER
 from data.index.stateindex import IndexSpec
 
 

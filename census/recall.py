@@ -11,7 +11,7 @@ import numpy as np
 import polars as pl
 import torch
 
-from census.definitions import _first_rows, CensusConfig, CensusInput, entry_valid
+from census.definitions import CensusConfig, CensusInput, _first_rows, entry_valid
 from census.keys import combined_describe
 from census.knn import unit_rows
 from census.pool import Part, Setup, local_rows

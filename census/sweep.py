@@ -29,13 +29,16 @@ from census.output import read_input
 from census.pool import LexicalPool, Part, prepare
 from census.positions import census_run
 from census.recall import knn_recall
-from data.index.budget import bytes_per_token, check_budget, parse_budget
+from data.capture.models import pick_device
 from data.errors import OilbirdError
+from data.index.budget import bytes_per_token, check_budget, parse_budget
+from data.index.stateindex import check_trainable, parse_index_spec
+from data.index.stateindex import (
+    split_specs as stateindex_split,  # one definition of a spec list
+)
 from data.store.files import atomic_write_json, clean_leftovers
 from data.store.layout import model_slug, sweeps_dir
-from data.capture.models import pick_device
-from data.index.stateindex import check_trainable, parse_index_spec
-from data.index.stateindex import split_specs as stateindex_split  # one definition of a spec list
+
 
 def split_specs(texts: list[str] | str) -> list[str]:
     """The specs of one or more --index values (data/index/stateindex.py's split_specs: ';' separates,

@@ -11,8 +11,8 @@ require_dependencies()  # before the stage imports what it checks: one line, nev
 import argparse
 import sys
 
-from data.errors import OilbirdError, cli_entry
 from data.benchmarks.jsonl import MAX_LINE_HELP
+from data.errors import OilbirdError, cli_entry
 from data.store.layout import RUNS
 
 
@@ -47,8 +47,8 @@ def _limit(bench: str, text: str | None) -> int | None:
 
 
 def _cmd_capture(args) -> int:
-    from data.capture.run import CaptureConfig, capture
     from data.benchmarks.jsonl import line_bound
+    from data.capture.run import CaptureConfig, capture
     from data.store.layout import check_writable, model_slug, store_dir
 
     # before the model loads: a --model or --bench that would leave its folder, and an --out that cannot

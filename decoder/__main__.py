@@ -18,7 +18,6 @@ from pathlib import Path
 
 from data.errors import cli_entry
 
-
 ARMS_HELP = """arms:
   ar                     plain greedy decoding (the reference; always run first)
   ar-static              transformers' generate, greedy, static cache, compiled (CUDA: transformers' own
@@ -98,7 +97,14 @@ def preflight(command: str, argv: list[str]) -> int:
     Only the flags that name the folder are read here (the command's own parser reads them all, and
     answers --help and mistakes); a flag left out takes the command's default. With --if-missing nothing
     may need writing, so only the names are checked."""
-    from data.store.layout import PROFILES, ablations_dir, check_writable, component, model_slug, replay_dir
+    from data.store.layout import (
+        PROFILES,
+        ablations_dir,
+        check_writable,
+        component,
+        model_slug,
+        replay_dir,
+    )
 
     if any(a in ("-h", "--help") for a in argv):
         return 0

@@ -24,13 +24,18 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from data.errors import OilbirdError
 from data.capture.greedy import context_cap
 from data.capture.models import LayerTap, LoadedModel, cache_kwargs, text_config
+from data.errors import OilbirdError
 from data.store.schema import TOPK
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.loop import Cycle, Generation, Speculation, speculate
-from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
+from decoder.tree import (
+    compact_cache,
+    greedy_accept,
+    tree_attention_mask,
+    tree_position_ids,
+)
 
 STOP_TAIL_TOKENS = 24  # a stop string spans few tokens: decode only this many (as capture does)
 

@@ -72,24 +72,44 @@ import pyarrow as pa
 import torch
 
 from data.benchmarks.registry import get_benchmark, load_requests
-from data.index.budget import check_budget
-from data.versions import library_versions
-from data.errors import OilbirdError
-from data.store.files import atomic_write_json, atomic_write_table
 from data.capture.greedy import context_cap, context_note
-from data.store.layout import component, decode_dir
+from data.capture.models import (
+    LayerTap,
+    LoadedModel,
+    cache_kwargs,
+    encode_prompt,
+    load_model,
+)
+from data.errors import OilbirdError
+from data.index.budget import check_budget
 from data.index.stateindex import DEFAULT_INDEX
-from data.capture.models import LayerTap, LoadedModel, cache_kwargs, encode_prompt, load_model
-from data.store.schema import prompt_hash
-from data.store.reader import open_store
 from data.stats import RequestBootstrap
+from data.store.files import atomic_write_json, atomic_write_table
+from data.store.layout import component, decode_dir
+from data.store.reader import open_store
+from data.store.schema import prompt_hash
+from data.versions import library_versions
 from decoder.audit import lossless_audit
 from decoder.draft import Drafter
-from decoder.engine import check_supported, decode_greedy, decode_speculative, stop_rule, verify_tree
+from decoder.engine import (
+    check_supported,
+    decode_greedy,
+    decode_speculative,
+    stop_rule,
+    verify_tree,
+)
 from decoder.loop import Cycle, Generation, serve_requests
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
+from decoder.pools import (
+    PoolSettings,
+    TenantPools,
+    check_index,
+    index_summary,
+    key_device,
+    resolve_budget,
+    warmup_note,
+)
 from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
-from decoder.pools import PoolSettings, TenantPools, check_index, index_summary, key_device, resolve_budget, warmup_note
 
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in

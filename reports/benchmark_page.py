@@ -9,11 +9,30 @@ from decoder.policy import ON_ARM
 from reports import charts
 from reports.arms import as_dict, share_arms, share_text, speed_text, tau_of
 from reports.case_viewer import TokenText
-from reports.census_sections import (cases_section, cliff_section, coverage_section, headline, mechanism_section,
-                                     notes_section, novel_section, proportions_table, threshold_section)
+from reports.census_sections import (
+    cases_section,
+    cliff_section,
+    coverage_section,
+    headline,
+    mechanism_section,
+    notes_section,
+    novel_section,
+    proportions_table,
+    threshold_section,
+)
 from reports.decision import decide, decision_section
 from reports.freshness import freshness_callout, shown_results
-from reports.htmlkit import esc, finite, href, not_available, number, page, pct, section, table
+from reports.htmlkit import (
+    esc,
+    finite,
+    href,
+    not_available,
+    number,
+    page,
+    pct,
+    section,
+    table,
+)
 from reports.links import bench_name, evidence_name, has_evidence
 from reports.results import Census, Result
 from reports.sweep_sections import sweep_sections

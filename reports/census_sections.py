@@ -14,12 +14,27 @@ from __future__ import annotations
 import numpy as np
 import polars as pl
 
+from data.stats import wilson
 from data.store.layout import TRACES
 from reports import charts
-from reports.case_viewer import MIN_CASE_POSITIONS, TokenText, load_token_text, render_cases
-from reports.htmlkit import esc, finite, humanize, interval, not_available, number, pct, section, table
+from reports.case_viewer import (
+    MIN_CASE_POSITIONS,
+    TokenText,
+    load_token_text,
+    render_cases,
+)
+from reports.htmlkit import (
+    esc,
+    finite,
+    humanize,
+    interval,
+    not_available,
+    number,
+    pct,
+    section,
+    table,
+)
 from reports.links import bench_name
-from data.stats import wilson
 from reports.results import Census, Result
 
 DEFAULT_THETA = 0.8  # the semantic key's default cosine threshold (decoder, paper section 4)

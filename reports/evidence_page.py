@@ -13,10 +13,30 @@ from data.store.layout import ABLATIONS_FILE
 from decoder.passes import DEPTH_ROWS
 from decoder.policy import LEXICAL_ARMS, OFF_ARM, ON_ARM, TARGET_RULE
 from reports import charts
-from reports.arms import as_dict, exact_notes, exact_text, interval_ends, named, replay_table, share_text, tau_iv
+from reports.arms import (
+    as_dict,
+    exact_notes,
+    exact_text,
+    interval_ends,
+    named,
+    replay_table,
+    share_text,
+    tau_iv,
+)
 from reports.decision import shares_paragraph
 from reports.freshness import freshness_callout, shown_results
-from reports.htmlkit import esc, finite, gain_text, href, humanize, not_available, number, page, section, table
+from reports.htmlkit import (
+    esc,
+    finite,
+    gain_text,
+    href,
+    humanize,
+    not_available,
+    number,
+    page,
+    section,
+    table,
+)
 from reports.links import ablations_command, bench_name, page_name, replay_command
 from reports.results import ABLATIONS_COMMAND, SEMANTIC_SOURCE, Ablations, Arm, Result
 from reports.target import comparison, target, target_text

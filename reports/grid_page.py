@@ -16,7 +16,18 @@ from reports.arms import BASIS_TEXT, named, tau_of
 from reports.census_sections import entry_value
 from reports.decision import Decision, decide, verdict_cell
 from reports.freshness import row_flags, shown_results
-from reports.htmlkit import esc, finite, gain_text, href, interval, na, number, page, table, with_iv
+from reports.htmlkit import (
+    esc,
+    finite,
+    gain_text,
+    href,
+    interval,
+    na,
+    number,
+    page,
+    table,
+    with_iv,
+)
 from reports.links import bench_name, evidence_link, page_name
 from reports.results import Result
 from reports.target import target

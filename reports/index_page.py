@@ -8,7 +8,17 @@ from reports.arms import BASIS_TEXT, fastest_arm, named, tau_of
 from reports.census_sections import entry_value
 from reports.decision import Decision, decide, verdict_cell
 from reports.freshness import row_flags, shown_results
-from reports.htmlkit import esc, finite, href, interval, number, page, pct, table, with_iv
+from reports.htmlkit import (
+    esc,
+    finite,
+    href,
+    interval,
+    number,
+    page,
+    pct,
+    table,
+    with_iv,
+)
 from reports.links import bench_name, evidence_link, has_evidence, page_name
 from reports.results import Result
 

@@ -39,7 +39,15 @@ from pathlib import Path
 import polars as pl
 
 from data.errors import OilbirdError
-from data.store.layout import ABLATIONS_FILE, DECODE, NODES_DIR, SWEEPS, TRACES, census_pool, replay_name
+from data.store.layout import (
+    ABLATIONS_FILE,
+    DECODE,
+    NODES_DIR,
+    SWEEPS,
+    TRACES,
+    census_pool,
+    replay_name,
+)
 from data.store.reader import current_fingerprint
 
 # positions.parquet columns the pages use (docs/census.md); others are ignored.

@@ -12,8 +12,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from data.store.layout import ABLATIONS_FILE
-from decoder.policy import (LEXICAL_ARMS, ON_ARM, TARGET_LOWER, TARGET_RATIO, TARGET_RULE, target_interval,
-                            target_status)
+from decoder.policy import (
+    LEXICAL_ARMS,
+    ON_ARM,
+    TARGET_LOWER,
+    TARGET_RATIO,
+    TARGET_RULE,
+    target_interval,
+    target_status,
+)
 from reports.arms import as_dict, est_speedup, named, tau_of
 from reports.htmlkit import esc, finite, not_available, number
 from reports.results import ABLATIONS_COMMAND, Arm, Result

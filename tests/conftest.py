@@ -55,7 +55,13 @@ def stories():
 
 
 def _tiny_random(kind: str, root: Path) -> str:
-    from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+    from transformers import (
+        AutoTokenizer,
+        LlamaConfig,
+        LlamaForCausalLM,
+        Qwen2Config,
+        Qwen2ForCausalLM,
+    )
 
     torch.manual_seed(0)
     common = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=3,

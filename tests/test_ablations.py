@@ -3,9 +3,9 @@ ablation command's table with its headline rows."""
 
 from __future__ import annotations
 
-import pytest
-
 from pathlib import Path
+
+import pytest
 
 from data.errors import OilbirdError
 from decoder.drafters import make_drafter, parse_variant
@@ -145,7 +145,8 @@ def test_one_source_replays_one_source_per_pass():
 def test_live_decoder_takes_arm_variants(stories, tmp_path):
     """`python -m decoder --arms` accepts arm@field=value like replay: the variant's config is the one served, and
     it decodes lossless against plain greedy, token for token."""
-    from decoder.harness import DecodeConfig, library_drafters, resolve_arms as live_arms, run_decode
+    from decoder.harness import DecodeConfig, library_drafters, run_decode
+    from decoder.harness import resolve_arms as live_arms
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
     factories = library_drafters()

@@ -12,8 +12,8 @@ import pytest
 import decoder.engine as engine
 from data.capture.models import load_model
 from decoder.audit import ALGORITHMIC, NUMERIC, NUMERIC_MARGIN, classify, lossless_audit
-from decoder.loop import Generation
 from decoder.harness import DecodeConfig, run_decode
+from decoder.loop import Generation
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 
 IDS = np.array([5, 7, 1, 2, 3, 4, 6, 8])

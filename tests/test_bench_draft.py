@@ -13,7 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.index.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits, tie_aware_recall
+from data.index.knnrecall import (
+    TIE_TOLERANCE,
+    kth_largest,
+    recall_hits,
+    tie_aware_recall,
+)
 from data.store.layout import bench_dir, store_dir
 from data.store.schema import prompt_hash
 from data.store.writer import StoreWriter, TraceRecord

@@ -8,11 +8,17 @@ from pathlib import Path
 
 import pytest
 
-from data.benchmarks import sources as benchfiles, toolbench
-from data.benchmarks.registry import EXPECTED_COUNTS, get_benchmark, list_benchmarks, load_requests
-from data.errors import OilbirdError
+from data.benchmarks import sources as benchfiles
+from data.benchmarks import toolbench
+from data.benchmarks.registry import (
+    EXPECTED_COUNTS,
+    get_benchmark,
+    list_benchmarks,
+    load_requests,
+)
 from data.benchmarks.request import Request, data_fingerprint, render_plain
 from data.benchmarks.toolbench import parse_api_call
+from data.errors import OilbirdError
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 TOOL_CALL = re.compile(r"<tool_call>\n(.+)\n</tool_call>", re.S)

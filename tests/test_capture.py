@@ -11,10 +11,15 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
+from data.capture.greedy import PrefixCache, greedy_batch
+from data.capture.models import (
+    LayerTap,
+    default_capture_layer,
+    encode_prompt,
+    load_model,
+)
 from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.capture.greedy import PrefixCache, greedy_batch
-from data.capture.models import LayerTap, default_capture_layer, encode_prompt, load_model
 from data.store.reader import open_store
 from tests.conftest import STORY_PROMPTS, crash_on_call, write_jsonl
 

@@ -18,10 +18,10 @@ from census.index import PoolView
 from census.output import run_census
 from census.positions import census_positions
 from census.summary import summarize
-from data.index.automaton import SuffixAutomaton
 from data.errors import OilbirdError
-from data.store.layout import store_dir
+from data.index.automaton import SuffixAutomaton
 from data.stats import RequestBootstrap, proportion, wilson
+from data.store.layout import store_dir
 from data.store.writer import StoreWriter, TraceRecord
 from tests.census_reference import compare, reference_census
 

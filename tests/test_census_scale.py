@@ -16,8 +16,8 @@ from census.definitions import CensusConfig, CensusInput, Trace, build_entries
 from census.keys import IndexedKey
 from census.pool import prepare
 from census.positions import census_positions, census_run
-from data.index.budget import window_starts
 from data.errors import OilbirdError
+from data.index.budget import window_starts
 from data.store.reader import open_store
 from tests.census_reference import compare, reference_census, reference_windows
 from tests.test_census import clustered_traffic, trace_sets, write_store

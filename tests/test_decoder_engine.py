@@ -11,17 +11,29 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from data.errors import OilbirdError
 from data.capture.models import LayerTap, cache_kwargs, load_model
+from data.errors import OilbirdError
 from data.store.schema import prompt_hash
-from decoder.draft import ROOT, Draft, Drafter
-from decoder.engine import StopRule, decode_greedy, decode_speculative, stop_rule, verify_tree
 from decoder.audit import first_difference
+from decoder.draft import ROOT, Draft, Drafter
 from decoder.drafters import DRAFTERS, installed
+from decoder.engine import (
+    StopRule,
+    decode_greedy,
+    decode_speculative,
+    stop_rule,
+    verify_tree,
+)
 from decoder.harness import DecodeConfig, run_decode
-from decoder.tree import compact_cache, greedy_accept, tree_attention_mask, tree_position_ids
+from decoder.tree import (
+    compact_cache,
+    greedy_accept,
+    tree_attention_mask,
+    tree_position_ids,
+)
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

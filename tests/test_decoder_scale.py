@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.index.budget import window_starts
 from data.capture.run import CaptureConfig, capture
+from data.index.budget import window_starts
+from data.index.stateindex import unit
 from data.store.layout import replay_dir
 from data.store.schema import prompt_hash
-from data.index.stateindex import unit
 from decoder.__main__ import main as decoder_main
 from decoder.draft import Drafter
 from decoder.drafters import make_drafter

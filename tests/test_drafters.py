@@ -7,14 +7,21 @@ import random
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from data.index.automaton import SuffixAutomaton
 from data.errors import OilbirdError
+from data.index.automaton import SuffixAutomaton
 from data.store.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import DRAFTERS, installed, make_drafter
-from decoder.drafters.lexical import ADJACENCY, BRANCH, SPINE, LexicalConfig, build_lexical
+from decoder.drafters.lexical import (
+    ADJACENCY,
+    BRANCH,
+    SPINE,
+    LexicalConfig,
+    build_lexical,
+)
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import RANK_PRIOR, AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, automaton_chains, automaton_match

@@ -45,13 +45,13 @@ from census.__main__ import main as census_main
 from census.definitions import CensusConfig
 from census.output import run_census
 from data.__main__ import main as data_main
+from data.capture.models import encode_prompt, load_model
 from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
 from data.store.layout import model_dir, model_slug, store_dir
-from data.capture.models import encode_prompt, load_model
-from data.store.schema import request_schema
-from data.store.reader import open_store
 from data.store.parquetfile import _schema_difference
+from data.store.reader import open_store
+from data.store.schema import request_schema
 from data.store.verify import verify_store
 from data.store.writer import StoreWriter
 from tests.conftest import STORY_PROMPTS, write_jsonl

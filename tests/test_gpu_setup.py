@@ -13,9 +13,9 @@ import torch
 
 from census.definitions import CensusConfig
 from census.output import run_census
+from data.capture.models import LayerTap, load_model, pick_device, pick_dtype
 from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.capture.models import LayerTap, load_model, pick_device, pick_dtype
 from data.store.reader import open_store
 from tests.conftest import STORY_PROMPTS, write_jsonl
 

@@ -26,10 +26,10 @@ import pytest
 
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
+from data.benchmarks.jsonl import DEFAULT_MAX_LINE_BYTES, line_bound
 from data.benchmarks.registry import load_requests
 from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError, cli_entry
-from data.benchmarks.jsonl import DEFAULT_MAX_LINE_BYTES, line_bound
 from data.store.layout import model_dir, store_dir
 from data.store.verify import verify_store
 from decoder.__main__ import main as decoder_main

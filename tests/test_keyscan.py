@@ -17,7 +17,13 @@ import pytest
 from data.index import keyscan
 from data.index.pruner import PrunerConfig
 from data.index.stateindex import unit_vector
-from decoder.drafters.semantic import DEPTH_SCHEDULE, RANK_DEPTHS, SemanticPool, copy_depth, semantic_chains
+from decoder.drafters.semantic import (
+    DEPTH_SCHEDULE,
+    RANK_DEPTHS,
+    SemanticPool,
+    copy_depth,
+    semantic_chains,
+)
 
 D = 64
 CONFIG = PrunerConfig(prune_from=256, min_lists=8, nprobe_min=2, train_per_list=40)

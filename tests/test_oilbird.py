@@ -16,13 +16,19 @@ from data.errors import OilbirdError
 from data.store.schema import prompt_hash
 from decoder.draft import ROOT, Draft, VerifyResult
 from decoder.drafters import PRESETS, arm_names, make_drafter
+from decoder.drafters.keygate import SelfCalibration
 from decoder.drafters.lexical import LexicalConfig, build_lexical
 from decoder.drafters.oilbird import POOL, SEMANTIC, OilbirdDrafter, merge_candidates
 from decoder.drafters.oilbird_config import ARM_PRESETS, OilbirdConfig
 from decoder.drafters.pld import NgramIndex
-from decoder.drafters.keygate import SelfCalibration
 from decoder.drafters.rollouts import RejectedPool, rejected_records
-from decoder.drafters.semantic import MIN_CHUNK, SemanticPool, copy_depth, ngram_continuation, semantic_chains
+from decoder.drafters.semantic import (
+    MIN_CHUNK,
+    SemanticPool,
+    copy_depth,
+    ngram_continuation,
+    semantic_chains,
+)
 from decoder.harness import DecodeConfig, format_table, run_decode
 from decoder.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, write_jsonl

@@ -10,11 +10,15 @@ import pytest
 
 from data.errors import OilbirdError
 from data.store.layout import default_profile_path
-from decoder.profile import (DEFAULT_CONTEXTS, CostModel, clip_contexts, contexts_from_store, measure_profile,
-                             profile_main)
+from decoder.profile import (
+    DEFAULT_CONTEXTS,
+    CostModel,
+    clip_contexts,
+    contexts_from_store,
+    measure_profile,
+    profile_main,
+)
 from tests.conftest import STORY_PROMPTS, write_jsonl
-
-
 
 
 def _profile_dict(**kw) -> dict:

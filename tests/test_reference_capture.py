@@ -13,11 +13,16 @@ import pytest
 import torch
 
 from data.__main__ import main as data_main
-from data.capture.run import CaptureConfig, capture
-from data.errors import OilbirdError
 from data.capture.models import LayerTap, encode_prompt, load_model
+from data.capture.run import CaptureConfig, capture
+from data.capture.teacher import (
+    ReferencePrefixCache,
+    reference_tokens,
+    teacher_forced,
+    teacher_forced_cached,
+)
+from data.errors import OilbirdError
 from data.store.reader import open_store
-from data.capture.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
 from data.store.verify import verify_store
 from tests.conftest import crash_on_call
 

@@ -26,8 +26,8 @@ from census.output import run_census
 from data.__main__ import main as data_main
 from data.errors import OilbirdError
 from data.store.layout import census_dir, replay_dir, store_dir
-from data.store.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
 from data.store.reader import current_fingerprint, current_summary, open_store
+from data.store.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
 from data.store.verify import verify_store
 from data.store.writer import StoreWriter, TraceRecord
 from decoder.replay import ReplayConfig, replay_is_current, run_replay

@@ -6,9 +6,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from data.index.budget import (LOW_WATER, bytes_per_token, check_budget, parse_budget, pool_tokens, state_bytes,
-                         window_starts)
 from data.errors import OilbirdError
+from data.index.budget import (
+    LOW_WATER,
+    bytes_per_token,
+    check_budget,
+    parse_budget,
+    pool_tokens,
+    state_bytes,
+    window_starts,
+)
 from data.index.stateindex import StateIndex, check_trainable, parse_index_spec
 
 pytestmark = pytest.mark.usefixtures("one_thread")

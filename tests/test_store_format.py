@@ -32,9 +32,15 @@ import data.store.migrate as migrate_mod
 import data.store.parquetfile as storefile_mod
 from data.__main__ import main as data_main
 from data.errors import OilbirdError
-from data.store.schema import PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, VALIDITY, prompt_hash
-from data.store.reader import open_store, position_parts
 from data.store.parquetfile import NULL_ROW_ERROR
+from data.store.reader import open_store, position_parts
+from data.store.schema import (
+    PROMPT_HASH_SCHEME,
+    STORE_FORMAT,
+    TOPK,
+    VALIDITY,
+    prompt_hash,
+)
 from data.store.verify import verify_store
 from data.store.writer import StoreWriter, TraceRecord, record_checksums
 

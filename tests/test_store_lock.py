@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from data.errors import OilbirdError
-from data.store.migrate import migrate_store
 from data.store.lock import LOCK_NAME, StoreLock
+from data.store.migrate import migrate_store
 from data.store.writer import StoreWriter, record_checksums
 from tests.test_store_format import golden_records, write_store
 

@@ -14,12 +14,12 @@ import pytest
 
 from data.__main__ import main as data_main
 from data.benchmarks.registry import load_requests
+from data.benchmarks.request import Request, data_fingerprint
 from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
-from data.benchmarks.request import Request, data_fingerprint
-from data.store.schema import request_schema
-from data.store.reader import open_store
 from data.store.parquetfile import _schema_difference
+from data.store.reader import open_store
+from data.store.schema import request_schema
 from data.store.verify import verify_store
 from data.store.writer import TraceRecord, record_checksums, records_to_tables
 from tests.conftest import STORY_PROMPTS

@@ -10,9 +10,19 @@ from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
 from decoder.draft import ROOT, VerifyResult
 from decoder.drafters import make_drafter
-from decoder.drafters.toolspec import (INIT_PREFIXES, ToolSpecConfig, ToolSpecHost, ToolSpecMemory, extract_schema,
-                                       first_param_candidates, init_candidates, ngram_candidates, param_candidates,
-                                       schema_tokens, verified_tool)
+from decoder.drafters.toolspec import (
+    INIT_PREFIXES,
+    ToolSpecConfig,
+    ToolSpecHost,
+    ToolSpecMemory,
+    extract_schema,
+    first_param_candidates,
+    init_candidates,
+    ngram_candidates,
+    param_candidates,
+    schema_tokens,
+    verified_tool,
+)
 from decoder.harness import DecodeConfig, run_decode
 from decoder.replay import ReplayConfig, run_replay
 from tests.conftest import write_jsonl

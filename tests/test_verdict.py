@@ -7,8 +7,18 @@ import math
 
 import pytest
 
-from decoder.policy import (DECISION_ARMS, ENABLE_SHARE, LEXICAL_ARMS, OFF_ARM, OFF_SHARE, ON_ARM, SPEED_MARGIN,
-                            TARGET_RULE, TARGET_STATUSES, target_status)
+from decoder.policy import (
+    DECISION_ARMS,
+    ENABLE_SHARE,
+    LEXICAL_ARMS,
+    OFF_ARM,
+    OFF_SHARE,
+    ON_ARM,
+    SPEED_MARGIN,
+    TARGET_RULE,
+    TARGET_STATUSES,
+    target_status,
+)
 from decoder.verdict import DECISIONS, RULE, Verdict, verdict
 
 GAIN_UP = [1.01, 1.07]  # clearly above 1

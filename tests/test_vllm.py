@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.errors import OilbirdError
-from decoder.draft import Draft, best_chain, as_chain
 from data.capture.vllm_rows import RowTracker
+from data.errors import OilbirdError
+from decoder.draft import Draft, as_chain, best_chain
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["vllm-greedy", "oilbird", "oilbird-no-semantic", "vllm-ngram", "vllm-suffix"]

@@ -26,15 +26,22 @@ import pytest
 
 from census.__main__ import main as census_main
 from data.__main__ import main as data_main
-from data.index.budget import parse_budget
+from data.capture.models import encode_prompt
 from data.capture.run import capture
 from data.errors import OilbirdError
+from data.index.budget import parse_budget
 from data.store.layout import store_dir
-from data.capture.models import encode_prompt
-from data.store.reader import open_store
 from data.store.lock import LOCK_NAME
+from data.store.reader import open_store
 from tests.conftest import STORY_PROMPTS, write_jsonl
-from tests.test_faults import REPO, _assert_killed, _assert_same_store, _capture_cli, _cfg, _subprocess
+from tests.test_faults import (
+    REPO,
+    _assert_killed,
+    _assert_same_store,
+    _capture_cli,
+    _cfg,
+    _subprocess,
+)
 
 LIMIT = 12  # long enough (about 300 generated tokens) for a second capture to start while the first runs
 MAX_NEW = 24

@@ -17,9 +17,9 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from data.benchmarks.request import Request
 from data.benchmarks.sources import _one_line
 from data.errors import OilbirdError
-from data.benchmarks.request import Request
 
 ROLES = ("system", "user", "assistant")
 

@@ -44,12 +44,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from data.benchmarks.sources import DataFile, _read_json, _read_jsonl, data_root
-from data.errors import OilbirdError
 from data.benchmarks.jsonl import _load_jsonl
 from data.benchmarks.request import Request
-from data.benchmarks.toolbench import (APIBANK_FILES, TAU_DIR, TAU_TASKS, TOOL_STOP, TOOLALPACA_FILES, load_apibank,
-                            load_apibank_native, load_taubench_retail, load_toolalpaca)
+from data.benchmarks.sources import DataFile, _read_json, _read_jsonl, data_root
+from data.benchmarks.toolbench import (
+    APIBANK_FILES,
+    TAU_DIR,
+    TAU_TASKS,
+    TOOL_STOP,
+    TOOLALPACA_FILES,
+    load_apibank,
+    load_apibank_native,
+    load_taubench_retail,
+    load_toolalpaca,
+)
+from data.errors import OilbirdError
 
 EXPECTED_COUNTS = {
     "apibank": 534,  # 399 level-1 + 135 level-2

@@ -40,9 +40,9 @@ import ast
 import json
 import re
 
+from data.benchmarks.request import Request
 from data.benchmarks.sources import DataFile, _read_json, resolve
 from data.errors import OilbirdError
-from data.benchmarks.request import Request
 
 TOOL_STOP = ("</tool_call>",)  # the stop string of the benchmarks whose answer is one <tool_call> block
 

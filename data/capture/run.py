@@ -16,19 +16,27 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
-import torch
-
 from data.benchmarks.registry import get_benchmark, load_requests
-from data.errors import OilbirdError
-from data.capture.greedy import Generated, PrefixCache, context_cap, context_note, greedy_stream
-from data.store.layout import RUNS, store_dir
-from data.capture.models import LayerTap, LoadedModel, encode_prompt, load_model
 from data.benchmarks.request import Request, data_fingerprint
+from data.capture.greedy import (
+    Generated,
+    PrefixCache,
+    context_cap,
+    context_note,
+    greedy_stream,
+)
+from data.capture.models import LayerTap, LoadedModel, encode_prompt, load_model
+from data.capture.teacher import (
+    ReferencePrefixCache,
+    reference_tokens,
+    teacher_forced,
+    teacher_forced_cached,
+)
+from data.errors import OilbirdError
+from data.store.layout import RUNS, store_dir
 from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
-from data.capture.teacher import ReferencePrefixCache, reference_tokens, teacher_forced, teacher_forced_cached
-from data.versions import library_versions
 from data.store.writer import StoreWriter, TraceRecord
+from data.versions import library_versions
 
 ENGINES = ("harness", "vllm")
 

@@ -46,9 +46,9 @@ ENGINE = "vllm-serving"
 
 def served_meta(model_path: str, layer: int, max_len: int, dtype: str, device: str, bench: str) -> tuple[dict, frozenset]:
     """meta.json of a served store, and the model's end-of-sequence ids (module docstring)."""
-    from data.versions import library_versions
     from data.capture.models import load_model
     from data.store.schema import PROMPT_HASH_SCHEME
+    from data.versions import library_versions
 
     lm = load_model(model_path, dtype="bfloat16", device="cpu", layer=layer)
     meta = {

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.errors import OilbirdError
+from data.benchmarks.request import Request
 from data.capture.greedy import Generated
 from data.capture.models import LayerTap, LoadedModel, cache_kwargs
-from data.benchmarks.request import Request
+from data.errors import OilbirdError
 from data.store.schema import TOPK
 
 

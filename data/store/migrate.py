@@ -16,10 +16,15 @@ import hashlib
 from pathlib import Path
 
 from data.errors import OilbirdError
-from data.store.files import atomic_write_bytes, atomic_write_json, fault_point, parquet_bytes
-from data.store.schema import STORE_FORMAT, position_schema, request_schema
-from data.store.reader import _load_committed, _store_format, read_meta
+from data.store.files import (
+    atomic_write_bytes,
+    atomic_write_json,
+    fault_point,
+    parquet_bytes,
+)
 from data.store.lock import StoreLock
+from data.store.reader import _load_committed, _store_format, read_meta
+from data.store.schema import STORE_FORMAT, position_schema, request_schema
 from data.store.verify import verify_store
 
 

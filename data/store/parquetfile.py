@@ -18,7 +18,15 @@ import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
 from data.store.legacy import FALLBACKS
-from data.store.schema import OPTIONAL_COLUMNS, VALIDITY, bools, fixed_list, fixed_list_to_numpy, numpy_dtype
+from data.store.schema import (
+    OPTIONAL_COLUMNS,
+    VALIDITY,
+    bools,
+    fixed_list,
+    fixed_list_to_numpy,
+    numpy_dtype,
+)
+
 
 def _kind(t: pa.DataType):
     """A type with the Parquet dialect taken out (list item names, 32/64-bit offsets)."""

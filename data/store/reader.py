@@ -52,9 +52,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.errors import OilbirdError
-from data.store.schema import (FORMAT_VERSION, META_KEYS, PROMPT_HASH_SCHEME, STORE_FORMAT, TOPK, bools,
-                         fixed_list_to_numpy, position_schema, request_schema)
 from data.store.parquetfile import _read_checked
+from data.store.schema import (
+    FORMAT_VERSION,
+    META_KEYS,
+    PROMPT_HASH_SCHEME,
+    STORE_FORMAT,
+    TOPK,
+    bools,
+    fixed_list_to_numpy,
+    position_schema,
+    request_schema,
+)
 
 
 @dataclass

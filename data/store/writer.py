@@ -25,10 +25,22 @@ import numpy as np
 import pyarrow as pa
 
 from data.errors import OilbirdError
-from data.store.files import atomic_write_json, atomic_write_table, clean_leftovers, fault_point
-from data.store.schema import FORMAT_VERSION, STORE_FORMAT, TOPK, fixed_list, position_schema, request_schema
-from data.store.reader import _check_rows, _load_committed, position_parts, read_meta
+from data.store.files import (
+    atomic_write_json,
+    atomic_write_table,
+    clean_leftovers,
+    fault_point,
+)
 from data.store.lock import StoreLock
+from data.store.reader import _check_rows, _load_committed, position_parts, read_meta
+from data.store.schema import (
+    FORMAT_VERSION,
+    STORE_FORMAT,
+    TOPK,
+    fixed_list,
+    position_schema,
+    request_schema,
+)
 
 
 def record_checksums(path: str | Path) -> dict:

@@ -89,7 +89,12 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    from data.capture.vllm_engine import VLLM_VERSION, EngineConfig, make_llm, model_max_len
+    from data.capture.vllm_engine import (
+        VLLM_VERSION,
+        EngineConfig,
+        make_llm,
+        model_max_len,
+    )
 
     nodes = sorted({int(n) for n in nodes})
     batches = sorted({1, *(int(b) for b in batch_sizes)})
