@@ -34,11 +34,16 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 # engine users serve with (installed by make install), or harness (this package's loop; no vLLM needed).
 PROFILE_ENGINE ?= vllm
 PROFILE_FILE   ?= $(OUT)/profiles/$(MODEL)-cpu$(if $(filter vllm,$(PROFILE_ENGINE)),-vllm).json
+PROFILE_BATCH_FLAG = $(if $(filter vllm,$(PROFILE_ENGINE)),--batch-sizes $(PROFILE_BATCHES))
 
-# The arms `make census` replays for the decision (the key on and off, and the lexical baselines: decoder/policy.py).
-REPLAY_ARMS ?= suffix,suffix-arctic-tree,lexical,oilbird,oilbird-no-semantic
+# The arms `make census` replays for the decision: `decision` = what the profile's engine runs (decoder/policy.py
+# decision_arms): for vLLM the Oilbird chains at each measured batch size, vLLM's suffix and ngram rules; for the
+# harness the trees, sized by the cost rule and at the fixed budget, with the lexical baselines.
+REPLAY_ARMS ?= decision
+# The batch sizes the vLLM profile measures (the decision prices each; the harness profile measures batch 1)
+PROFILE_BATCHES ?= 1,8
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm bench-tps screenshot sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -74,7 +79,7 @@ capture: $(STAMP)
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) --if-missing
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(PROFILE_BATCH_FLAG) --if-missing
 	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE)
 	$(PY) -m reports --runs $(OUT)
 
@@ -82,7 +87,7 @@ census-only: $(STAMP)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
 
 profile: $(STAMP)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(ARGS)
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(PROFILE_BATCH_FLAG) $(ARGS)
 
 replay: $(STAMP)
 	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE) $(ARGS)
@@ -170,12 +175,23 @@ bench-scale: $(STAMP)
 VLLM_LIMIT ?= 48
 VLLM_BATCH ?= 1,8
 K          ?= 8
+ROUNDS     ?= 3
 bench-vllm: $(STAMP)
 	$(PY) -m data capture --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size 32 --max-new-tokens 256 \
 		--limit $(or $(LIMIT),$(VLLM_LIMIT))
 	$(PY) benchmarks/bench_vllm.py --bench $(BENCH) --model $(MODEL) --out $(OUT) --limit $(or $(LIMIT),$(VLLM_LIMIT)) \
-		--max-new $(or $(MAX_NEW),256) --batch $(if $(filter command line,$(origin BATCH)),$(BATCH),$(VLLM_BATCH)) --k $(K) $(ARGS)
+		--max-new $(or $(MAX_NEW),256) --batch $(if $(filter command line,$(origin BATCH)),$(BATCH),$(VLLM_BATCH)) --k $(K) \
+		--rounds $(ROUNDS) $(ARGS)
 	$(PY) -m reports --runs $(OUT)
+
+# tokens per second: the cost-aware trees and chains against ArcticInference and vLLM's suffix on the vLLM profile,
+# a flat profile, calibration and drafting time by pool size (benchmarks/bench_tps.py; after make census)
+bench-tps: $(STAMP)
+	$(PY) benchmarks/bench_tps.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(if $(LIMIT),--limit $(LIMIT)) $(ARGS)
+
+# The README's picture: the decision block of a rendered benchmark page (headless Chromium; after make census)
+screenshot: $(STAMP)
+	$(PY) benchmarks/screenshot_report.py --page reports/html/$(BENCH)__$(MODEL).html --out docs/img/decision-$(BENCH).png
 
 bench-draft: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(if $(LIMIT),--limit $(LIMIT))

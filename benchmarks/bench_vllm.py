@@ -1,15 +1,22 @@
-"""`make bench-vllm BENCH=apibank [LIMIT=48] [MAX_NEW=256] [BATCH=1,8] [K=8] [ROUNDS=1]`: Oilbird inside vLLM,
+"""`make bench-vllm BENCH=apibank [LIMIT=48] [MAX_NEW=256] [BATCH=1,8] [K=8] [ROUNDS=3]`: Oilbird inside vLLM,
 side by side with vLLM's own methods, on the same requests.
 
 Arms, each in its own process (`python -m decoder vllm-run`, one engine; vLLM's metrics are process-wide):
   vllm-greedy           no speculation: the reference every arm must equal, and the speed baseline
-  vllm-ngram            vLLM's prompt lookup at vLLM's defaults (n = 5), k draft tokens
-  vllm-suffix           vLLM's suffix method (ArcticInference's SuffixDecoding) at vLLM's defaults
+  vllm-ngram            vLLM's prompt lookup at vLLM's defaults (n = 5), K draft tokens
+  vllm-suffix           vLLM's suffix method (ArcticInference's SuffixDecoding) at vLLM's defaults: up to 24
+                        draft tokens (--suffix-k; vLLM's default when num_speculative_tokens is unset, the tree
+                        depth), each kept only above min_token_prob 0.1
   oilbird-no-semantic   decoder/vllm/proposer.py, the key off
   oilbird               decoder/vllm/proposer.py, the key on
+The Oilbird arms draft the cost-aware chain: up to --oilbird-k tokens (32), cut per row and step where the
+expected tokens per second stop growing, priced on the vLLM profile (--profile, default `make census`'s
+runs/profiles/<model>-cpu-vllm.json; without one every chain runs to --oilbird-k), at each batch size B the
+profile measured as `<arm>@batch=B` (sized by that batch's step cost).
 Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
 prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
-waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round.
+waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round; rows give the
+median over the rounds and its range (min-max).
 
 Written to runs/<bench>/<model>/vllm/summary.json (atomically, after every arm), per arm and batch size:
 requests, generated_tokens, wall_s, tok_s, speedup_vs_ar (tok/s over vllm-greedy's at the same batch size,
@@ -36,26 +43,29 @@ from pathlib import Path
 
 import numpy as np
 
+from data.capture.models import resolve_model
+from data.capture.vllm_engine import require_vllm
 from data.errors import OilbirdError, cli_entry
 from data.store.files import atomic_write_json
 from data.store.layout import model_slug, store_dir
-from data.capture.models import resolve_model
 from data.store.reader import open_store
-from data.capture.vllm_engine import require_vllm
 
 ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix", "oilbird-no-semantic", "oilbird")
 REPO = Path(__file__).resolve().parents[1]
 
 
-def replay_acceptance(arm: str, traces, k: int, nodes: int, vocab: int) -> dict:
-    """The replay of `arm@chain=k` over `traces` (pool past), counted as vLLM counts acceptance."""
+def replay_acceptance(arm: str, traces, k: int, nodes: int, vocab: int, cost=None) -> dict:
+    """The replay of `arm@chain=k` over `traces` (pool past), sized by `cost` (the profile the arm runs with),
+    counted as vLLM counts acceptance."""
     from decoder.pools import PoolSettings
     from decoder.replay import replay_arm
 
-    run = replay_arm(f"{arm}@chain={k}", traces, nodes, "past", vocab, settings=PoolSettings(knn_recall_every=0))
+    name = f"{arm}{':' if '@' in arm else '@'}chain={k}"
+    run = replay_arm(name, traces, nodes, "past", vocab, settings=PoolSettings(knn_recall_every=0, step_cost=cost))
     cycles = [c for cs in run.cycles for c in cs]
     drafted = [c for c in cycles if c.nodes > 0]
-    return {"arm": f"{arm}@chain={k}", "passes": len(cycles), "passes_with_draft": len(drafted),
+    return {"arm": name, "passes": len(cycles), "passes_with_draft": len(drafted),
+            "mean_draft_tokens": round(sum(c.nodes for c in cycles) / len(cycles), 4),
             "tau": round(sum(c.committed for c in cycles) / len(cycles), 4),
             "mean_acceptance_length": round(1 + sum(c.accepted for c in drafted) / len(drafted), 4) if drafted else None}
 
@@ -76,10 +86,10 @@ def agreement(outputs: list[list[int]], traces) -> dict:
 
 
 def run_one(model_dir: str, prompts: Path, arm: str, batch: int, k: int, max_new: int, nodes: int,
-            out: Path) -> dict:
+            out: Path, profile: str = "") -> dict:
     cmd = [sys.executable, "-m", "decoder", "vllm-run", "--model", model_dir, "--prompts", str(prompts),
            "--arm", arm, "--batch", str(batch), "--k", str(k), "--max-new", str(max_new), "--nodes", str(nodes),
-           "--out", str(out)]
+           "--out", str(out), *(["--profile", profile] if profile else [])]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         tail = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
@@ -96,10 +106,14 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=48)
     ap.add_argument("--max-new", type=int, default=256)
     ap.add_argument("--batch", default="1,8", help="batch sizes, comma-separated")
-    ap.add_argument("--k", type=int, default=8, help="draft tokens per row and step, every speculative arm")
+    ap.add_argument("--k", type=int, default=8, help="vllm-ngram's draft tokens per row and step (default 8)")
+    ap.add_argument("--suffix-k", type=int, default=24, help="vllm-suffix's most draft tokens (default 24, vLLM's)")
+    ap.add_argument("--oilbird-k", type=int, default=32, help="the Oilbird arms' longest chain (default 32)")
+    ap.add_argument("--profile", default=None, help="the vLLM profile that sizes the Oilbird chains (default: "
+                                                    "runs/profiles/<model>-cpu-vllm.json when it exists; none: flat)")
     ap.add_argument("--nodes", type=int, default=60, help="the Oilbird tree's node budget before its best chain")
     ap.add_argument("--arms", default=",".join(ARMS))
-    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--rounds", type=int, default=3)
     a = ap.parse_args(argv)
     try:
         batches = [int(b) for b in a.batch.split(",") if b.strip()]
@@ -108,8 +122,8 @@ def main(argv=None) -> int:
     arms = [x for x in a.arms.split(",") if x]
     if "vllm-greedy" not in arms:
         raise OilbirdError("--arms must include vllm-greedy (the reference and the speed baseline)")
-    if min(batches + [a.limit, a.max_new, a.k, a.rounds]) < 1:
-        raise OilbirdError("--batch, --limit, --max-new, --k and --rounds must be at least 1")
+    if min(batches + [a.limit, a.max_new, a.k, a.suffix_k, a.oilbird_k, a.rounds]) < 1:
+        raise OilbirdError("--batch, --limit, --max-new, --k, --suffix-k, --oilbird-k and --rounds must be at least 1")
     require_vllm()
     slug = model_slug(a.model)
     path = store_dir(a.out, a.bench, slug)
@@ -122,6 +136,24 @@ def main(argv=None) -> int:
     traces = load_traces(store, a.limit, a.max_new)
     vocab = int(store.meta.get("vocab_size") or 0) or int(max(max(t.tokens) for t in traces) + 1)
     model_dir = resolve_model(a.model)
+    from decoder.profile import profile_path
+    from decoder.vllm.proposer import load_step_cost
+
+    profile = a.profile if a.profile is not None else str(profile_path(a.out, slug, "cpu", "vllm"))
+    if a.profile is None and not Path(profile).exists():
+        print(f"note: no vLLM profile at {profile}: the Oilbird chains run to {a.oilbird_k} tokens (a flat cost)",
+              file=sys.stderr)
+        profile = ""
+    cost = load_step_cost(profile, "oilbird")  # an unreadable one: one line, before any engine starts
+
+    def run_name(arm: str, batch: int) -> str:
+        """An Oilbird arm at batch B is sized for B's step cost when the profile measured it."""
+        if arm.startswith("oilbird") and cost is not None and batch in cost.by_batch:
+            return f"{arm}@batch={batch}"
+        return arm
+
+    def k_of(arm: str) -> int:
+        return {"vllm-suffix": a.suffix_k, "vllm-ngram": a.k}.get(arm, a.oilbird_k)
     out_dir = path.parent / "vllm"
     out_dir.mkdir(parents=True, exist_ok=True)
     summary_path = out_dir / "summary.json"
@@ -129,13 +161,17 @@ def main(argv=None) -> int:
                "store_fingerprint": store.fingerprint,
                "device": {"type": "cpu", "cores": os.cpu_count(), "machine": platform.machine()},
                "settings": {"limit": len(traces), "max_new": a.max_new, "batches": batches, "k": a.k,
+                            "suffix_k": a.suffix_k, "oilbird_k": a.oilbird_k, "profile": profile or None,
                             "nodes": a.nodes, "arms": arms, "rounds": a.rounds, "dtype": "float32",
                             "prefix_caching": True},
                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "complete": False, "rows": [], "replay": {}, "agreement_with_store": None}
     for arm in arms:
         if arm.startswith("oilbird") or arm.startswith("semantic"):
-            summary["replay"][arm] = replay_acceptance(arm, traces, a.k, a.nodes, vocab)
+            for batch in batches:
+                name = run_name(arm, batch)
+                if name not in summary["replay"]:
+                    summary["replay"][name] = replay_acceptance(name, traces, a.oilbird_k, a.nodes, vocab, cost)
     with tempfile.TemporaryDirectory() as tmp:
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps([list(map(int, t.prompt)) for t in traces]))
@@ -145,12 +181,13 @@ def main(argv=None) -> int:
                 order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
                 for arm in order:
                     t0 = time.perf_counter()
-                    runs[(rnd, batch, arm)] = run_one(model_dir, prompts, arm, batch, a.k, a.max_new, a.nodes,
-                                                      Path(tmp) / f"{arm}-{batch}-{rnd}.json")
+                    runs[(rnd, batch, arm)] = run_one(model_dir, prompts, run_name(arm, batch), batch, k_of(arm),
+                                                      a.max_new, a.nodes, Path(tmp) / f"{arm}-{batch}-{rnd}.json",
+                                                      profile)
                     r = runs[(rnd, batch, arm)]
                     print(f"round {rnd + 1} batch {batch} {arm}: {r['tok_s']} tok/s, "
                           f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-                    summary["rows"] = rows_of(runs, summary["replay"])
+                    summary["rows"] = rows_of(runs, summary["replay"], run_name)
                     ref = runs.get((0, batches[0], "vllm-greedy"))
                     if ref is not None:
                         summary["agreement_with_store"] = agreement(ref["outputs"], traces)
@@ -158,12 +195,28 @@ def main(argv=None) -> int:
     summary["complete"] = True
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     atomic_write_json(summary_path, summary)
+    print(format_rows(summary["rows"], a.rounds))
     print(summary_path)
     return 0
 
 
-def rows_of(runs: dict, replay: dict) -> list[dict]:
-    """One row per (arm, batch): figures of the first round, speeds as medians over the rounds."""
+def format_rows(rows: list[dict], rounds: int) -> str:
+    """The table the bench prints: per batch and arm, tok/s and speedup over vllm-greedy, medians over the rounds
+    with their range, the acceptance length and how many requests equal vllm-greedy's."""
+    lines = [f"{'batch':>5} {'arm':<22} {'tok/s median [range]':>26} {'x greedy [range]':>24} {'accept len':>10} "
+             f"{'= greedy':>9}   ({rounds} round(s), arms interleaved)"]
+    for r in rows:
+        lo, hi = r["tok_s_range"]
+        sp, sr = r.get("speedup_vs_ar"), r.get("speedup_range") or [None, None]
+        speed = f"{sp:.3f} [{sr[0]:.3f}-{sr[1]:.3f}]" if sp is not None else "n/a"
+        acc = r.get("mean_acceptance_length")
+        lines.append(f"{r['batch']:>5} {r['ran_as']:<22} {r['tok_s']:>9.1f} [{lo:.1f}-{hi:.1f}]{'':>4} {speed:>24} "
+                     f"{acc if acc is None else round(acc, 2)!s:>10} {r['identical_to_ar']!s:>4}/{r['requests']}")
+    return "\n".join(lines)
+
+
+def rows_of(runs: dict, replay: dict, run_name=lambda arm, batch: arm) -> list[dict]:
+    """One row per (arm, batch): figures of the first round, speeds as medians over the rounds with their range."""
     rows = []
     for (rnd, batch, arm), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
         if rnd != 0:
@@ -176,14 +229,17 @@ def rows_of(runs: dict, replay: dict) -> list[dict]:
         row = {"arm": arm, "batch": batch, "requests": r["requests"], "generated_tokens": r["generated_tokens"],
                "wall_s": float(np.median([v["wall_s"] for v in rounds])),
                "tok_s": float(np.median([v["tok_s"] for v in rounds])),
+               "tok_s_range": [min(v["tok_s"] for v in rounds), max(v["tok_s"] for v in rounds)],
                "speedup_vs_ar": round(float(np.median(ratios)), 4) if ratios else None,
+               "speedup_range": [round(min(ratios), 4), round(max(ratios), 4)] if ratios else None,
+               "ran_as": run_name(arm, batch), "k": r.get("k"),
                "mean_acceptance_length": r["spec"]["mean_acceptance_length"], "identical_to_ar": identical,
                "rounds": len(rounds), "load_s": r["load_s"]}
-        if arm in replay:
-            row["replay_mean_acceptance_length"] = replay[arm]["mean_acceptance_length"]
-            if row["mean_acceptance_length"] and replay[arm]["mean_acceptance_length"]:
-                row["acceptance_vs_replay"] = round(row["mean_acceptance_length"]
-                                                    / replay[arm]["mean_acceptance_length"], 4)
+        rp = replay.get(run_name(arm, batch))
+        if rp is not None:
+            row["replay_mean_acceptance_length"] = rp["mean_acceptance_length"]
+            if row["mean_acceptance_length"] and rp["mean_acceptance_length"]:
+                row["acceptance_vs_replay"] = round(row["mean_acceptance_length"] / rp["mean_acceptance_length"], 4)
         if r.get("proposer"):
             p = r["proposer"]
             row["proposer"] = {key: p.get(key) for key in ("unaligned_steps", "unverified_rows", "draft_s", "steps")}

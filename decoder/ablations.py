@@ -27,6 +27,9 @@ best_lexical >= 1.25 with the interval's lower end above 1 (decoder/policy.py; n
 not met).
 All arms run in one replay (an arm in two lists, e.g. pld, is replayed once).
 
+Every arm drafts at the fixed node budget (`--sizing flat`: the size-auto arms keep every candidate, the
+paper's B = 60), so the table reads as the paper's; the tree sized for tokens per second is the replay's
+(`make census`).
 Not measured: in replay the ring buffer records nothing, so rollouts=0 equals oilbird there
 (decoder/replay.py).
 Results: runs/<bench>/<model>/ablations/<arm>/ (replay's folders) and ablations.json beside them.
@@ -43,7 +46,7 @@ import numpy as np
 
 from data.errors import OilbirdError, cli_entry
 from data.store.files import atomic_write_json
-from data.store.layout import ABLATIONS_FILE, ablations_dir, model_slug, model_dir
+from data.store.layout import ABLATIONS_FILE, ablations_dir, model_dir, model_slug
 from decoder.policy import LEXICAL_ARMS, TARGET_LOWER, TARGET_RATIO, target_status
 
 MERGED = "oilbird"
@@ -112,7 +115,7 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
     folder = ablations_dir(out, bench, model_slug(model))
     cfg = ReplayConfig(bench=bench, model=model, arms=tuple(arms), nodes=(nodes,), pool="past", out=out,
                        bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder),
-                       pair_against=MERGED)
+                       pair_against=MERGED, sizing="flat")  # the paper's fixed budget: every candidate verified
     t0 = time.perf_counter()
     summaries = run_replay(cfg)
     seconds = time.perf_counter() - t0

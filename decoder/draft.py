@@ -6,6 +6,12 @@ and `sources[i]`, the set of drafters that proposed it. Merging a chain re-walks
 the root (or from `attach`) and pays only for the tokens not already on that path, so two
 sources proposing the same continuation share nodes and both get credit.
 
+The evidence for a probability: `evidence[i]` maps each source of node i to (feature, position): the
+source's feature bucket for the chain that proposed it (an automaton match length, a key's cosine, an
+adjacency rank: decoder/drafters/features.py) and the node's place in that chain (0 = its first token).
+`probs[i]`, when a drafter set it, is the estimated probability that node i is accepted given that its
+parent is (decoder/calibration.py); an empty list means no estimate (a peer's draft).
+
 `VerifyResult` is what a verification tells the drafter; `Drafter` is the contract every drafter
 implements (begin_request, propose, observe, add_trace, evict_traces, counters, untimed_s).
 """
@@ -26,6 +32,12 @@ class Draft:
     parents: list[int] = field(default_factory=list)
     sources: list[set[str]] = field(default_factory=list)
     _children: dict[tuple[int, int], int] = field(default_factory=dict, repr=False)  # (parent, token) -> node
+    evidence: list[dict[str, tuple[int, int]]] = field(default_factory=list)  # source -> (feature, position)
+    probs: list[float] = field(default_factory=list)  # P(accepted | parent accepted) per node; [] = no estimate
+
+    def __post_init__(self) -> None:
+        # a draft written out by hand (tests, a peer's) carries no evidence: each source's is (0, 0)
+        self.evidence.extend({s: (0, 0) for s in srcs} for srcs in self.sources[len(self.evidence):])
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -33,31 +45,35 @@ class Draft:
     def child(self, parent: int, token: int) -> int | None:
         return self._children.get((parent, token))
 
-    def add_node(self, parent: int, token: int, source: str) -> int:
+    def add_node(self, parent: int, token: int, source: str, feature: int = 0, position: int = 0) -> int:
         node = len(self.tokens)
         self.tokens.append(int(token))
         self.parents.append(int(parent))
         self.sources.append({source})
+        self.evidence.append({source: (feature, position)})
         self._children[(int(parent), int(token))] = node
         return node
 
-    def add_chain(self, chain: Sequence[int], source: str, budget: int, attach: int = ROOT) -> int:
+    def add_chain(self, chain: Sequence[int], source: str, budget: int, attach: int = ROOT, feature: int = 0) -> int:
         """Merge `chain` below `attach`, walking existing nodes first; new nodes stop at `budget` total.
 
         Returns the number of new nodes (cost = |chain| - longest prefix already present, capped
-        by the budget). Nodes walked through are credited to `source` as well.
+        by the budget). Nodes walked through are credited to `source` as well; every node of the chain
+        records (feature, its position in the chain) as `source`'s evidence (the first record of a source
+        on a node is kept).
         """
-        children, sources, tokens = self._children, self.sources, self.tokens  # this loop runs on every pass
+        children, sources, tokens, evidence = self._children, self.sources, self.tokens, self.evidence
         node, added = attach, 0
-        for tok in chain:
+        for position, tok in enumerate(chain):  # this loop runs on every pass
             nxt = children.get((node, tok))  # a numpy integer hashes and compares as its int
             if nxt is None:
                 if len(tokens) >= budget:
                     break
-                nxt = self.add_node(node, tok, source)
+                nxt = self.add_node(node, tok, source, feature, position)
                 added += 1
             else:
                 sources[nxt].add(source)
+                evidence[nxt].setdefault(source, (feature, position))
             node = nxt
         return added
 
@@ -74,8 +90,11 @@ class Draft:
                 if len(self.tokens) >= budget:
                     continue
                 nxt = self.add_node(base, tok, next(iter(other.sources[i])))
+                self.evidence[nxt] = {}
                 added += 1
             self.sources[nxt] |= other.sources[i]
+            for source, record in other.evidence[i].items():
+                self.evidence[nxt].setdefault(source, record)
             mapped[i] = nxt
         return added
 
@@ -113,13 +132,21 @@ def best_chain(draft: Draft, k: int) -> list[int]:
     return chain
 
 
-def as_chain(draft: Draft, nodes: Sequence[int]) -> Draft:
-    """`nodes` (a root path of `draft`) as a draft of its own: node j is nodes[j], with its sources."""
-    out = Draft()
+def subtree(draft: Draft, nodes: Sequence[int]) -> Draft:
+    """The nodes `nodes` of `draft` (each one's parent listed before it, or the anchor) as a draft of their own,
+    in that order, with their sources, evidence and probabilities: a chain when `nodes` is a root path."""
+    new_of = {ROOT: ROOT}
     for j, i in enumerate(nodes):
-        out.add_node(j - 1, draft.tokens[i], "")
-        out.sources[j] = set(draft.sources[i])
-    return out
+        new_of[i] = j
+    tokens, parents = [draft.tokens[i] for i in nodes], [new_of[draft.parents[i]] for i in nodes]
+    children: dict[tuple[int, int], int] = {}
+    for j, key in enumerate(zip(parents, tokens)):
+        children.setdefault(key, j)  # a duplicate sibling (root-attached) keeps the first, as add_chain walks it
+    return Draft(tokens, parents, [set(draft.sources[i]) for i in nodes], children,
+                 [dict(draft.evidence[i]) for i in nodes], [draft.probs[i] for i in nodes] if draft.probs else [])
+
+
+as_chain = subtree  # a root path of `draft` as a chain (the name chain verifiers' callers use)
 
 
 @dataclass

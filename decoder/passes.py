@@ -84,6 +84,8 @@ def pass_statistics(per_request: Sequence[Sequence], has_key: bool, boot: Reques
         "sole_source_share_of_draft": _share(sums["sole"], sums["accepted"], boot, "accepted", SOLE_DRAFT_DEFINITION)
         if has_key else None,
         "mean_nodes": float(np.mean([c.nodes for c in cycles])) if cycles else 0.0,
+        # accepted draft tokens per verified node: what a node the engine pays for returns
+        "accepted_per_node": float(sums["accepted"].sum() / max(1, sum(c.nodes for c in cycles))) if cycles else None,
         "nodes_per_pass": _distribution(np.array([c.nodes for c in cycles], float), 50),
         "draft_s_per_pass": _distribution(np.array([c.draft_s for c in cycles], float), 50, 99),
         "update_s_per_pass": _distribution(np.array([c.update_s for c in cycles], float), 50, 99),

@@ -32,10 +32,11 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Sequence
 
-from data.index.budget import bytes_per_token, check_budget, parse_budget, window_starts
 from data.errors import OilbirdError
-from data.store.schema import prompt_hash
+from data.index.budget import bytes_per_token, check_budget, parse_budget, window_starts
 from data.index.stateindex import DEFAULT_INDEX, IndexSpec, parse_index_spec
+from data.store.schema import prompt_hash
+from decoder.calibration import merge_summaries
 from decoder.draft import Drafter
 
 INDEX_HELP = ("the semantic key's index: auto (default: exact float16 scoring while the pool is small, then an "
@@ -53,11 +54,16 @@ class PoolSettings:
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query is repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     key_device: str = "cpu"  # where the key's states live and its queries run: the model's GPU when it has one
+    step_cost: object = None  # the engine's profile (decoder/profile.py CostModel) that sizes the drafts of the arms
+    #                           with size auto; None: flat (every candidate kept)
+    key_overlap: str = "auto"  # the key's query on the kernel's worker thread (OilbirdConfig.key_overlap); off where
+    #                            sibling processes already use every core (replay's workers: see run_replay)
 
     def shared(self) -> dict:
         """The Config fields every arm with a semantic pool takes (make_drafter's `shared`)."""
         return {"index": self.index, "knn_recall_every": self.knn_recall_every,
-                "index_train_size": self.index_train_size, "key_device": self.key_device}
+                "index_train_size": self.index_train_size, "key_device": self.key_device,
+                "step_cost": self.step_cost, "key_overlap": self.key_overlap}
 
 
 def key_device(model_device) -> str:
@@ -190,6 +196,8 @@ def merge_stats(stats: list[dict]) -> dict | None:
             out[key] = None
         elif key in SETTINGS:
             out[key] = max(vals)
+        elif key == "calibration":
+            out[key] = merge_summaries(vals)
         elif all(isinstance(v, bool) for v in vals):
             out[key] = any(vals)
         elif all(isinstance(v, (int, float)) for v in vals):

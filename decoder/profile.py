@@ -31,8 +31,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from data.errors import OilbirdError, cli_entry
 from data.capture.models import text_config
+from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
 
 FORMAT = 1
@@ -246,6 +246,7 @@ class CostModel:
         self.prefill_lengths = np.asarray(prefill_lengths, dtype=np.float64)
         self.prefill = np.asarray(prefill, dtype=np.float64)
         self.meta = dict(meta or {})
+        self.by_batch: dict[int, "CostModel"] = {}  # batch size >= 2 -> the cost model of such a step
         if self.verify.shape != (len(self.contexts), len(self.nodes)) or self.verify.size == 0:
             raise ValueError(f"verify_s has shape {self.verify.shape}, expected "
                              f"{(len(self.contexts), len(self.nodes))} (contexts x nodes)")
@@ -271,9 +272,33 @@ class CostModel:
             raise ValueError(f"missing {', '.join(missing)}")
         if d["format"] != FORMAT:
             raise ValueError(f"format {d['format']}, this version reads {FORMAT}")
-        meta = {k: v for k, v in d.items() if k not in ("verify_s", "prefill_s")}
-        return cls(d["contexts"], d["nodes"], np.asarray(d["verify_s"], dtype=np.float64),
-                   d["prefill_lengths"], d["prefill_s"], meta)
+        meta = {k: v for k, v in d.items() if k not in ("verify_s", "prefill_s", "verify_s_by_batch")}
+        model = cls(d["contexts"], d["nodes"], np.asarray(d["verify_s"], dtype=np.float64),
+                    d["prefill_lengths"], d["prefill_s"], meta)
+        by_batch = d.get("verify_s_by_batch") or {}
+        if not isinstance(by_batch, dict):
+            raise ValueError("verify_s_by_batch is not a mapping of batch size to a grid")
+        for b, grid in by_batch.items():
+            if not str(b).isdigit() or int(b) < 2:
+                raise ValueError(f"verify_s_by_batch has batch size {b!r}")
+            model.by_batch[int(b)] = cls(d["contexts"], d["nodes"], np.asarray(grid, dtype=np.float64),
+                                         d["prefill_lengths"], d["prefill_s"], {**meta, "batch_size": int(b)})
+        return model
+
+    def batch_sizes(self) -> list[int]:
+        """The batch sizes this profile prices: 1 and every measured `verify_s_by_batch` size."""
+        return [1, *sorted(self.by_batch)]
+
+    def at_batch(self, batch: int) -> "CostModel":
+        """The cost model of a step of `batch` rows (each verifying `nodes` draft tokens); one line when the
+        profile did not measure that batch size."""
+        if batch == 1:
+            return self
+        if batch not in self.by_batch:
+            raise OilbirdError(f"the profile {self.meta.get('path', '')} measured batch sizes "
+                               f"{', '.join(map(str, self.batch_sizes()))}, not {batch}: remeasure it with "
+                               f"`python -m decoder profile --engine vllm --batch-sizes 1,{batch}`")
+        return self.by_batch[batch]
 
     @classmethod
     def load(cls, path: str | Path, model_fingerprint: str | None = None, model: str | None = None) -> "CostModel":
@@ -368,9 +393,9 @@ def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> P
 
 def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     """Check the config, load the model, measure, write the JSON; (profile, path)."""
+    from data.capture.models import load_model
     from data.store.files import atomic_write_json
     from data.store.layout import model_slug
-    from data.capture.models import load_model
     from decoder.engine import check_supported
 
     bad = [n for n in cfg.nodes if not 0 <= n <= MAX_NODES]
@@ -439,8 +464,8 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     if args.if_missing:
-        from data.store.layout import model_slug
         from data.capture.models import pick_device
+        from data.store.layout import model_slug
 
         target = Path(args.file) if args.file else profile_path(
             args.out, model_slug(args.model), pick_device(args.device).type, args.engine)

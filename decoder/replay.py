@@ -34,6 +34,7 @@ saying so, printed under the table).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import gc
 import multiprocessing
@@ -46,21 +47,36 @@ from typing import Sequence
 
 import numpy as np
 
-from data.index.budget import check_budget
 from data.errors import OilbirdError
-from data.store.layout import component, default_profile_path, model_slug, replay_dir, store_dir
+from data.index.budget import check_budget
 from data.index.stateindex import DEFAULT_INDEX, check_trainable
 from data.stats import RequestBootstrap
+from data.store.layout import (
+    component,
+    default_profile_path,
+    model_slug,
+    replay_dir,
+    store_dir,
+)
 from data.store.reader import current_summary, open_store
 from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
-from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM
-from decoder.pools import INDEX_HELP, PoolSettings, TenantPools, check_index, index_summary, resolve_budget, warmup_note
+from decoder.policy import DECISION_ARMS, decision_arms, paired_arm
+from decoder.pools import (
+    INDEX_HELP,
+    PoolSettings,
+    TenantPools,
+    check_index,
+    index_summary,
+    resolve_budget,
+    warmup_note,
+)
 from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
 
-# DECISION_ARMS (decoder/policy.py) is what `make census` replays: the key on and off, two lexical baselines.
-PAIRED = {ON_ARM: OFF_ARM}  # arm -> the arm its paired gain is measured against
+# `--arms decision` (what `make census` replays): decoder/policy.py's decision_arms for the profile's engine
+DECISION = "decision"
 POOLS = ("past", "warm")
+SIZINGS = ("profile", "flat")
 UNVERIFIED_NOTE = ("replayed on an unverified trace store (no checksums in its meta.json, as in a store written "
                    "before checksums existed), so its files could not be checked against what capture wrote")
 
@@ -87,6 +103,9 @@ class ReplayConfig:
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     results_dir: str | None = None  # where the arm folders go (default runs/<bench>/<model>/replay[-warm])
     pair_against: str | None = None  # every arm's paired tau gain against this arm (default: PAIRED, oilbird vs oilbird-no-semantic)
+    sizing: str = "profile"  # profile: the arms with size auto size their drafts by the profile that prices them
+    #                          (decoder/sizing.py); flat: by a flat cost, every candidate kept (the fixed-budget
+    #                          tree: the ablations' setting, the paper's B = 60)
 
 
 # ---------------------------------------------------------------- arms
@@ -174,6 +193,14 @@ def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size:
 
 # ---------------------------------------------------------------- time estimate
 
+def arm_batch(arm: str) -> int:
+    """The batch size an arm sizes its drafts for (`@batch=B`; 1 otherwise): the batch its estimate prices."""
+    from decoder.drafters import parse_variant
+
+    value = parse_variant(arm)[1].get("batch")
+    return int(value) if value and value.isdigit() else 1
+
+
 def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap | None) -> tuple[dict, np.ndarray, np.ndarray]:
     """Estimated seconds per request for plain greedy and for this arm, and the summary block."""
     R = len(traces)
@@ -217,6 +244,7 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
     if cfg.store or cfg.results_dir or cfg.index != DEFAULT_INDEX or cfg.store_budget:
         return False  # only the default layout is looked up
     slug = model_slug(cfg.model)
+    cfg = expand_decision(cfg, slug)
     root, store = replay_dir(cfg.out, cfg.bench, slug, cfg.pool), store_dir(cfg.out, cfg.bench, slug)
     profile = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)
     for arm in resolve_arms(cfg.arms):
@@ -225,6 +253,8 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
             s = current_summary(folder / "summary.json", store, nodes=nodes, pool=cfg.pool, limit=cfg.limit,
                                 bootstrap_draws=cfg.bootstrap, seed=cfg.seed, index=cfg.index)
             if s is None or (cfg.max_new_tokens and s.get("max_new_tokens") != cfg.max_new_tokens):
+                return False
+            if s.get("sizing", "flat") != cfg.sizing:
                 return False
             if s.get("estimate") is None and profile.exists():
                 return False
@@ -261,6 +291,8 @@ def check_config(cfg: ReplayConfig) -> None:
         raise OilbirdError(f"--max-new-tokens must be at least 1 (got {cfg.max_new_tokens})")
     if cfg.bootstrap < 0:
         raise OilbirdError(f"--bootstrap must be 0 or more (got {cfg.bootstrap})")
+    if cfg.sizing not in SIZINGS:
+        raise OilbirdError(f"--sizing must be {' or '.join(SIZINGS)} (got {cfg.sizing!r})")
     if cfg.knn_recall_every < 0 or cfg.index_train_size < 0:
         raise OilbirdError("knn_recall_every and index_train_size must be 0 or more")
 
@@ -282,13 +314,17 @@ def load_cost(cfg: ReplayConfig, slug: str, fingerprint: str):
 def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     """Replay every (arm, nodes); write each arm's folder; returns {(arm, nodes): summary}."""
     check_config(cfg)
-    arms = resolve_arms(cfg.arms)
     slug = model_slug(cfg.model)
+    cfg = expand_decision(cfg, slug)
+    arms = resolve_arms(cfg.arms)
     path, store, cap, vocab_size = open_replay_store(cfg, arms, slug)
     meta = store.meta
     spec = check_index(cfg.index, store.d_model)
     budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
+    if cost is not None:
+        for arm in arms:
+            cost.at_batch(arm_batch(arm))  # an arm sized for a batch the profile did not measure: one line, now
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
     # what makes these results stale when the store changes (reports, --if-missing), and whether its files were checked
     fingerprint, verified = store.fingerprint, bool(store.verified)
@@ -297,9 +333,14 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     del store
     check_budget(budget_tokens, [len(tr.tokens) for tr in traces])
     index_note = check_index_fits(spec, cfg, arms, traces, vocab_size, budget_tokens)
-    settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size)
+    settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size,
+                            step_cost=cost if cfg.sizing == "profile" else None)
     jobs = [(arm, nodes) for arm in arms for nodes in cfg.nodes]
     n_workers = cfg.jobs or min(len(jobs), os.cpu_count() or 1)
+    if n_workers > 1 and len(jobs) > 1 and n_workers >= (os.cpu_count() or 1):
+        # every core holds a worker: the key's worker thread would share one with a sibling and stall both (the
+        # whole API-Bank store with 2 workers on 2 cores: 0.34 ms of key time a pass instead of 0.03, p99 5.7 ms)
+        settings = dataclasses.replace(settings, key_overlap="off")
     runs = _run_jobs(jobs, traces, path, cfg, cap, vocab_size, n_workers, settings)
 
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
@@ -308,7 +349,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified,
         "store_note": None if verified else UNVERIFIED_NOTE, "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
-        "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed,
+        "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed, "sizing": cfg.sizing,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     summaries: dict[tuple[str, int], dict] = {}
@@ -316,10 +357,30 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     for key, run in runs.items():
         summaries[key] = summarize_run(run, base, boot, spec, index_note, cost_note, budget_info)
         if cost is not None:
-            summaries[key]["estimate"], _, arm_seconds[key] = estimate(run, traces, cost, boot)
+            batch = arm_batch(run.arm)
+            summaries[key]["estimate"], _, arm_seconds[key] = estimate(run, traces, cost.at_batch(batch), boot)
+            summaries[key]["estimate"]["batch"] = batch
+            summaries[key]["estimate_by_batch"] = {
+                str(b): {k: v for k, v in estimate(run, traces, cost.at_batch(b), boot)[0].items()
+                         if k in ("speedup", "speedup_interval", "ar_seconds", "arm_seconds")}
+                for b in cost.batch_sizes()}
     add_paired_gains(summaries, runs, arm_seconds, cfg.pair_against, boot)
     write_results(cfg, slug, summaries, runs)
     return summaries
+
+
+def expand_decision(cfg: ReplayConfig, slug: str) -> ReplayConfig:
+    """`--arms decision`: the arms the profile's engine runs (decoder/policy.py decision_arms: its form, at every
+    batch size it measured); without a profile, the harness's trees."""
+    if [a.strip() for a in cfg.arms] != [DECISION]:
+        return cfg
+    from data.store.reader import read_meta
+
+    store = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
+    fingerprint = read_meta(store).get("model_fingerprint") if (store / "meta.json").exists() else None
+    cost, _ = load_cost(cfg, slug, fingerprint) if fingerprint else (None, None)
+    return dataclasses.replace(cfg, arms=decision_arms(cost.meta.get("engine") if cost else None,
+                                                       cost.batch_sizes() if cost else (1,)))
 
 
 def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
@@ -379,9 +440,9 @@ def summarize_run(run: ArmReplay, base: dict, boot: RequestBootstrap | None, spe
 def add_paired_gains(summaries: dict, runs: dict, arm_seconds: dict, pair_against: str | None,
                      boot: RequestBootstrap | None) -> None:
     """Each arm's paired tau gain (and, with estimated seconds per request, speedup gain) over the arm it
-    is paired with (PAIRED, or `pair_against` for every arm), replayed in the same command."""
+    is paired with (decoder/policy.py paired_arm, or `pair_against` for every arm), replayed in the same command."""
     for (arm, nodes), s in summaries.items():
-        other = PAIRED.get(arm) if pair_against is None else pair_against
+        other = paired_arm(arm) if pair_against is None else pair_against
         if other is None or other == arm:
             continue
         if (other, nodes) not in runs:
@@ -465,7 +526,9 @@ def replay_main(argv: list[str] | None = None) -> int:
         p.add_argument("--bench", required=True, help="benchmark of the store (runs/<bench>/<model>/traces)")
         p.add_argument("--model", default="smollm2-135m", help="model of the store (alias, HF id or directory)")
         p.add_argument("--arms", default=",".join(DECISION_ARMS),
-                       help=f"comma-separated arms, or all (default {','.join(DECISION_ARMS)}; see python -m decoder --help)")
+                       help=f"comma-separated arms, all, or decision (the arms the profile's engine runs: trees for the "
+                            f"harness, chains for vLLM at each measured batch size; what make census replays) "
+                            f"(default {','.join(DECISION_ARMS)}; see python -m decoder --help)")
         p.add_argument("--nodes", default="60", help="draft node budget(s), e.g. 60 or 16,32,60 (default 60)")
         p.add_argument("--pool", default="past", choices=POOLS,
                        help="past: a trace joins the pool when its request ends (default); warm: every other request's")
@@ -485,6 +548,10 @@ def replay_main(argv: list[str] | None = None) -> int:
                        help="states a faiss index collects (answering exactly) before it trains (default: the spec's own need)")
         p.add_argument("--if-missing", action="store_true",
                        help="skip when every arm's result with these settings exists for the store as it is now")
+        p.add_argument("--sizing", default="profile", choices=SIZINGS,
+                       help="profile: arms with size auto (oilbird, oilbird-chain, ...) size each draft by the profile "
+                            "that prices them, for tokens per second (default); flat: every candidate kept, the "
+                            "fixed-budget tree")
         p.add_argument("--quiet", action="store_true", help="no progress bar")
         args = p.parse_args(argv)
         try:
@@ -495,7 +562,7 @@ def replay_main(argv: list[str] | None = None) -> int:
                            pool=args.pool, limit=args.limit, max_new_tokens=args.max_new_tokens, out=args.out,
                            store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=max(0, args.jobs),
                            progress=not args.quiet, index=args.index, store_budget=args.store_budget,
-                           index_train_size=args.index_train)
+                           index_train_size=args.index_train, sizing=args.sizing)
         if args.if_missing and replay_is_current(cfg):
             print(f"{replay_dir(cfg.out, cfg.bench, model_slug(cfg.model), cfg.pool)}: every arm's replay of the store "
                   "as it is now exists (--if-missing); not recomputed", file=sys.stderr)

@@ -124,8 +124,9 @@ def replay_table(result: Result, notes: list[str]) -> str:
     """Replay arms (strictly-past pool) beside the live decoder's, one row per arm."""
     live = {a.name: a for a in result.arms}
     names = [a.name for a in result.replay] + [a.name for a in result.arms if named(result.replay, a.name) is None]
-    head = ["arm", "nodes", "tau [95%]", "est. speedup [95%]", "drafting ms / pass (median)", "exact",
-            "sole-source share, committed tokens", "… of accepted draft tokens"]
+    head = ["arm", "nodes: budget / verified per pass", "accepted / node", "tau [95%]",
+            "est. speedup [95%]", "drafting ms / pass (median)", "exact", "sole-source share, committed tokens",
+            "… of accepted draft tokens"]
     if live:
         head += ["live tau", "live speedup (measured)"]
     rows = []
@@ -133,10 +134,12 @@ def replay_table(result: Result, notes: list[str]) -> str:
         r, lv = named(result.replay, name), live.get(name)
         if r is not None:
             tau, iv = tau_of(r.summary)
-            row = [esc(name), number(r.nodes), with_iv(tau, iv), speed_cell(r), drafting_cell(r.summary),
-                   exact_cell(r.summary, notes), share_text(r.shares.get("committed")), share_text(r.shares.get("draft"))]
+            row = [esc(name), f'{number(r.nodes)} / {number(r.summary.get("mean_nodes"), "2f")}',
+                   number(r.summary.get("accepted_per_node"), "3f"), with_iv(tau, iv), speed_cell(r),
+                   drafting_cell(r.summary), exact_cell(r.summary, notes), share_text(r.shares.get("committed")),
+                   share_text(r.shares.get("draft"))]
         else:
-            row = [esc(name) + " (live only)", "–", "–", "–", "–", "–", "–", "–"]
+            row = [esc(name) + " (live only)", "–", "–", "–", "–", "–", "–", "–", "–"]
         if live:
             if lv is not None:
                 ltau, liv = tau_of(lv.summary)
@@ -144,7 +147,9 @@ def replay_table(result: Result, notes: list[str]) -> str:
             else:
                 row += ["–", "–"]
         rows.append(row)
-    caption = ("Replay over the captured traces, strictly-past pool. tau = committed tokens per verification pass "
+    caption = ("Replay over the captured traces, strictly-past pool. nodes: the candidate budget, and what the engine "
+               "verified per pass on average (an arm sized by the cost rule verifies fewer); accepted / node = "
+               "accepted draft tokens over verified nodes. tau = committed tokens per verification pass "
                "(request-bootstrap 95% interval); est. speedup = estimated from a verification-cost profile "
                "(none: no profile); drafting = the drafter's time per pass on this machine, mean (median), which "
                "the estimate prices; exact = the replay makes the same passes as live decoding (see the notes).")
@@ -152,7 +157,7 @@ def replay_table(result: Result, notes: list[str]) -> str:
     if live:
         caption += (" Live columns: the decoder run on the model (decode/); live results are the ground truth, "
                     "measured where the replay estimates.")
-    return table(head, rows, {1, 2, 3, 4} | ({8, 9} if live else set()), caption=caption)
+    return table(head, rows, {1, 2, 3, 4, 5} | ({9, 10} if live else set()), caption=caption)
 
 
 def drafting_cell(summary: dict) -> str:

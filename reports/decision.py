@@ -11,13 +11,38 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decoder.policy import OFF_ARM, ON_ARM
+from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM, engine_form
 from decoder.verdict import Verdict, verdict
 from reports import charts
-from reports.arms import (BASIS_TEXT, as_dict, est_speedup, estimate, exact_notes, fastest_arm, live_speedup, named,
-                          nodes_table, replay_table, share_arms, share_text, speed_text, tau_of, warm_table)
+from reports.arms import (
+    BASIS_TEXT,
+    as_dict,
+    est_speedup,
+    estimate,
+    exact_notes,
+    fastest_arm,
+    live_speedup,
+    named,
+    nodes_table,
+    replay_table,
+    share_arms,
+    share_text,
+    speed_text,
+    tau_of,
+    warm_table,
+)
 from reports.freshness import is_stale, is_unverified, recompute_command
-from reports.htmlkit import esc, finite, gain_text, href, not_available, number, section, with_iv
+from reports.htmlkit import (
+    esc,
+    finite,
+    gain_text,
+    href,
+    not_available,
+    number,
+    section,
+    table,
+    with_iv,
+)
 from reports.links import evidence_name, has_evidence, replay_command
 from reports.results import Arm, Result
 from reports.target import lexical_comparison
@@ -36,27 +61,45 @@ class Decision:
 
     source: str  # "replay" (replay/, strictly-past pool) or "live" (decode/)
     verdict: Verdict
-    arm: Arm  # the arm whose sole-source share was read (oilbird)
-    off: Arm | None  # oilbird-no-semantic from the same source, if run
+    arm: Arm  # the arm whose sole-source share was read (oilbird, or oilbird-chain for a chain engine)
+    off: Arm | None  # its key-off twin from the same source, if run
     gain: dict  # the replay's paired_gain block ({} when absent)
+    engine: str = "harness"  # the engine the replay was priced on (its profile's)
+    form: str = "tree"  # the form of draft that engine verifies, which the verdict compares in
+
+
+def replay_engine(result: Result) -> str:
+    """The engine the replay's estimates were priced on (the profile's), harness when none says."""
+    for arm in result.replay:
+        engine = estimate(arm).get("engine")
+        if isinstance(engine, str) and engine:
+            return engine
+    return "harness"
 
 
 def decide(result: Result) -> Decision | None:
-    """The verdict from the replay (strictly-past pool) when it ran `oilbird`, else from the live decoder's
-    sole-source share (no paired gain: never "enable"), else None."""
-    on = named(result.replay, ON_ARM)
+    """The verdict from the replay (strictly-past pool), in the form the replay's engine verifies (chains for
+    vLLM: oilbird-chain against oilbird-no-semantic-chain; trees: oilbird against oilbird-no-semantic) when it
+    ran that form's key-on arm (else the tree's), else from the live decoder's sole-source share (no paired
+    gain: never "enable"), else None."""
+    engine = replay_engine(result)
+    form = engine_form(engine)
+    on_name, off_name = FORM_PAIRS[form]
+    if named(result.replay, on_name) is None:
+        form, (on_name, off_name) = "tree", FORM_PAIRS["tree"]
+    on = named(result.replay, on_name)
     if on is not None:
         peers = result.replay_nodes.get(on.nodes, []) if on.nodes is not None else []
-        off = named(peers, OFF_ARM) or named(result.replay, OFF_ARM)
+        off = named(peers, off_name) or named(result.replay, off_name)
         if off is not None and None not in (off.nodes, on.nodes) and off.nodes != on.nodes:
             off = None  # another node budget: not a paired comparison
         share = on.sole_source or {}
         gain = as_dict(on.summary.get("paired_gain"))
-        if gain.get("versus", OFF_ARM) != OFF_ARM:
+        if gain.get("versus", off_name) != off_name:
             gain = {}
         v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), est_speedup(on),
                     est_speedup(off) if off is not None else None)
-        return Decision("replay", v, on, off, gain)
+        return Decision("replay", v, on, off, gain, engine, form)
     arms = share_arms(result)
     if not arms:
         return None
@@ -104,41 +147,112 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
     """The verdict read from the replay, then its numbers: both shares, the paired gain over oilbird-no-semantic,
     the target line against the best lexical arm and the estimated speedups (or why each is missing)."""
     on, off = d.arm, d.off
+    on_name, off_name = FORM_PAIRS[d.form]
     command = replay_command(result)
-    lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} nodes, "
-            f"{number(on.summary.get('requests'))} requests). ")
-    parts = [verdict_callout(d, lead), shares_paragraph(on, "replay")]
+    engine = "vLLM" if d.engine == "vllm" else "the Oilbird harness"
+    form = ("one chain per request, its length chosen per step by the cost rule" if d.form == "chain"
+            else "a token tree")
+    lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} candidate nodes, "
+            f"{number(on.summary.get('requests'))} requests), in the form {engine} verifies: {form}. ")
+    parts = [verdict_callout(d, lead), fastest_paragraph(result, d), shares_paragraph(on, "replay")]
     g = d.gain
     if g:
         speed = (f"; estimated speedup {gain_text(g.get('speedup_ratio'), g.get('speedup_interval'))}"
                  if finite(g.get("speedup_ratio")) else "")
-        parts.append(f"<p>Paired gain of <strong>{ON_ARM}</strong> over <strong>{OFF_ARM}</strong> (the same "
+        parts.append(f"<p>Paired gain of <strong>{on_name}</strong> over <strong>{off_name}</strong> (the same "
                      f"requests, resampled jointly): tau <strong>{gain_text(g.get('tau_ratio'), g.get('interval'))}"
                      f"</strong>{speed}.</p>")
     else:
         note = on.summary.get("paired_gain_note")
-        parts.append(not_available(f"no paired gain of {ON_ARM} over {OFF_ARM} in the replay"
+        parts.append(not_available(f"no paired gain of {on_name} over {off_name} in the replay"
                                    + (f" ({note})" if isinstance(note, str) and note else
-                                      f" (replay both arms in one command: `{command} --arms {ON_ARM},{OFF_ARM}`)")))
+                                      f" (replay both arms in one command: `{command} --arms {on_name},{off_name}`)")))
     parts.append(lexical_comparison(result))
     est = estimate(on)
     if est:
         device = " · ".join(esc(x) for x in (est.get("device_name"), est.get("device")) if isinstance(x, str) and x)
         off_est = estimate(off)
-        speeds = (f" {ON_ARM} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
-                  + (f", {OFF_ARM} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
+        speeds = (f" {on_name} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
+                  + (f", {off_name} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
                      if off_est else "") + " over plain greedy.")
-        engine = "vLLM" if est.get("engine") == "vllm" else "the Oilbird harness"
         parts.append(f"<p>Estimated speedups (not measured), priced on {engine}: verification cost from the profile "
                      f"<code>{esc(est.get('profile', 'n/a'))}</code>" + (f" ({device})" if device else "")
                      + f", plus the drafting and update time measured in the replay:{speeds}</p>")
     else:
         note = on.summary.get("estimate_note")
         parts.append(not_available(
-            f"{ON_ARM}: {note}" if isinstance(note, str) and note else
-            f"no estimated speedup for {ON_ARM}: the replay had no verification-cost profile "
+            f"{on_name}: {note}" if isinstance(note, str) and note else
+            f"no estimated speedup for {on_name}: the replay had no verification-cost profile "
             "(`python -m decoder profile`)"))
+    parts.append(calibration_table(on))
     return parts
+
+
+def fastest_paragraph(result: Result, d: Decision) -> str:
+    """The fastest configuration the engine can run among every replayed arm of its form (ours or a peer's), at
+    batch 1 and at every other batch size the profile measured (an Oilbird arm sized for that batch,
+    `@batch=B`, where replayed)."""
+    lines = []
+    for batch, arm, speed, iv in fastest_by_batch(result, d.form):
+        lines.append(f"batch {batch}: <strong>{esc(arm)}</strong> {with_iv(speed, iv, 'ratio')}")
+    if not lines:
+        return not_available("no estimated speedup in the replay: no fastest configuration to name "
+                             "(`python -m decoder profile`, then the replay)")
+    engine = "vLLM" if d.engine == "vllm" else "the Oilbird harness"
+    return (f"<p>Fastest configuration {engine} can run (estimated speedup over plain greedy at the same batch "
+            f"size, 95% interval): {'; '.join(lines)}.</p>")
+
+
+def fastest_by_batch(result: Result, form: str) -> list[tuple[int, str, float, list | None]]:
+    """Per batch size: (batch, the arm with the highest estimated speedup, its speedup, interval). An arm sized
+    for batch B (`@batch=B`) competes at B only; an arm sized for no batch competes at each through its
+    `estimate_by_batch`. Trees compete only for a tree engine."""
+    from decoder.replay import arm_batch
+
+    rows: dict[int, tuple] = {}
+    for arm in result.replay:
+        chain = arm.name.startswith("oilbird") and ("chain" in arm.name) or arm.name in ("suffix-arctic", "pld")
+        if form == "chain" and not chain:
+            continue
+        sized = arm_batch(arm.name) if "@batch=" in arm.name else None
+        by = as_dict(arm.summary.get("estimate_by_batch"))
+        for b, block in by.items():
+            if not str(b).isdigit() or (sized is not None and int(b) != sized):
+                continue
+            if sized is None and "@batch=" not in arm.name and _has_sized(result, arm.name, int(b)):
+                continue  # an Oilbird arm sized for this batch replays it: the unsized one is not what runs
+            s = as_dict(block).get("speedup")
+            if finite(s) and (int(b) not in rows or s > rows[int(b)][2]):
+                rows[int(b)] = (int(b), arm.name, s, as_dict(block).get("speedup_interval"))
+    return [rows[b] for b in sorted(rows)]
+
+
+def _has_sized(result: Result, name: str, batch: int) -> bool:
+    return batch > 1 and named(result.replay, f"{name}@batch={batch}") is not None
+
+
+def calibration_table(arm: Arm) -> str:
+    """The calibration of the arm's node probabilities: per source, predicted against observed acceptance."""
+    from decoder.calibration import COMBINED
+
+    cal = as_dict(as_dict(arm.summary.get("drafter_stats")).get("calibration"))
+    if not cal:
+        return ""
+    rows = []
+    for name, entry in sorted(cal.items(), key=lambda kv: (kv[0] == COMBINED, kv[0])):
+        e = as_dict(entry)
+        bins = e.get("bins") or []
+        n = sum(b[0] for b in bins) or 0
+        pred = sum(b[1] for b in bins) / n if n else None
+        obs = sum(b[2] for b in bins) / n if n else None
+        label = "the node (sources combined)" if name == COMBINED else name
+        rows.append([esc(label), number(e.get("labels")), number(pred, "3f"), number(obs, "3f"),
+                     number(e.get("ece"), "3f")])
+    return table(["source", "labelled nodes", "mean predicted", "mean observed", "ECE"], rows, {1, 2, 3, 4},
+                 caption=f"Calibration of {esc(arm.name)}'s node probabilities (decoder/calibration.py): every "
+                         "candidate whose parent's next token the verification computed, scored against the estimate "
+                         "made before it was seen; ECE = expected calibration error over 10 bins of predicted "
+                         "probability.")
 
 
 def live_verdict(result: Result, d: Decision) -> list[str]:

@@ -17,10 +17,10 @@ CSS = """
 :root{--fg:#1b1b1b;--muted:#5f6368;--line:#dadce0;--soft:#f4f6f9}
 *{box-sizing:border-box}
 body{margin:0;color:var(--fg);background:#fff;font:15px/1.5 system-ui,-apple-system,"Segoe UI",Roboto,
-"Helvetica Neue",Arial,"Liberation Sans",sans-serif}
+"Helvetica Neue",Arial,"Liberation Sans",sans-serif;overflow-wrap:break-word}
 nav{background:var(--soft);border-bottom:1px solid var(--line);padding:.5rem 1.5rem;font-size:.9rem}
 nav a{margin-right:1rem}
-main{max-width:1100px;margin:0 auto;padding:1rem 1.5rem 3rem}
+main{max-width:1240px;margin:0 auto;padding:1rem 1.5rem 3rem}
 main.wide{max-width:1900px}
 h1{font-size:1.55rem;margin:.6rem 0 .2rem}
 h2{font-size:1.2rem;margin:2rem 0 .5rem;padding-bottom:.2rem;border-bottom:1px solid var(--line)}
@@ -34,11 +34,12 @@ h3{font-size:1rem;margin:1.2rem 0 .3rem}
 .callout.stale{border-left-color:#CC79A7;background:#fbeef5}
 .flag{display:inline-block;font-size:.75rem;font-weight:600;color:#7a2855;background:#fbeef5;
 border:1px solid #CC79A7;border-radius:3px;padding:0 .3rem;margin-left:.2rem;white-space:nowrap}
-.scroll{overflow-x:auto}
+.table-scroll{max-width:100%;overflow-x:auto}  /* a table wider than the page scrolls in its box, not the page */
 table{border-collapse:collapse;margin:.5rem 0 1rem;font-size:.88rem}
 th,td{padding:.25rem .65rem;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
 thead th{border-bottom:2px solid #bbb}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums;white-space:nowrap}
+td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.num{white-space:nowrap}  /* a number stays on one line; its header wraps */
 tr.group th{background:var(--soft);font-weight:600}
 .na{color:var(--muted);font-style:italic}
 .note,.caption,figcaption{color:var(--muted);font-size:.88rem}
@@ -64,7 +65,7 @@ code{font-size:.88em}
   *{-webkit-print-color-adjust:exact;print-color-adjust:exact}
   svg.chart,table,.headline,.callout{break-inside:avoid}
   h2,h3{break-after:avoid}
-  .tokens,.scroll{max-height:none;overflow:visible}
+  .tokens,.table-scroll{max-height:none;overflow:visible}
   a{color:inherit;text-decoration:none}
 }
 """
@@ -107,6 +108,8 @@ def number(v, kind: str = "num") -> str:
         return f"{v:.2f}×"
     if kind == "2f":  # tau: always two decimals
         return f"{v:.2f}"
+    if kind == "3f":  # probabilities, calibration errors
+        return f"{v:.3f}"
     if float(v).is_integer():
         return f"{int(v):,}"
     return f"{v:.2f}" if abs(v) < 100 else f"{v:,.1f}"
@@ -131,7 +134,9 @@ def humanize(key: str) -> str:
 
 
 def table(head: list[str], rows: list[list[str]], num_cols: set[int] = frozenset(), caption: str = "") -> str:
-    """A table from already-escaped cells; columns in num_cols are right-aligned."""
+    """A table from already-escaped cells; columns in num_cols are right-aligned. The table sits in a box as wide
+    as the page (`table-scroll`): headers wrap, and a table still wider than the page scrolls inside that box, so
+    the page itself never scrolls sideways."""
     cap = f'<p class="caption">{caption}</p>' if caption else ""
     th = "".join(f'<th{" class=num" if i in num_cols else ""}>{h}</th>' for i, h in enumerate(head))
     body = []
@@ -141,7 +146,8 @@ def table(head: list[str], rows: list[list[str]], num_cols: set[int] = frozenset
             continue
         body.append("<tr>" + "".join(f'<td{" class=num" if i in num_cols else ""}>{c}</td>'
                                      for i, c in enumerate(row)) + "</tr>")
-    return f'{cap}<div class="scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody></table></div>'
+    return (f'{cap}<div class="table-scroll"><table><thead><tr>{th}</tr></thead><tbody>{"".join(body)}</tbody>'
+            "</table></div>")
 
 
 def not_available(why: str) -> str:

@@ -11,9 +11,9 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
+from data.capture.models import load_model
 from data.capture.run import CaptureConfig, capture
 from data.store.layout import replay_dir
-from data.capture.models import load_model
 from decoder.__main__ import main as decoder_main
 from decoder.draft import ROOT
 from decoder.drafters import make_drafter
@@ -309,3 +309,71 @@ def test_depth_profile_exact():
     assert p["by_source"] == {"adjacency": [1, 0, 0, 0], "semantic": [1, 1, 1, 0], "spine": [1, 2, 0, 0]}
     assert p["sole_semantic"] == [1, 0, 1, 0]
     assert depth_profile([C(accepted=5, sources=["spine"] * 5)], depths=2)["reach"] == [1.0, 1.0]
+
+
+# ------------------------------------------------------------------ tokens per second: the sizing rule in replay
+
+def _steep_profile(path: Path, fingerprint: str, engine: str = "vllm", batches=(8,)) -> str:
+    """A profile whose step grows with every draft token (10 ms + 2 ms a node; batch B: B times that)."""
+    nodes = [0, 8, 64]
+    grid = lambda scale: [[scale * (0.01 + 0.002 * n) for n in nodes] for _ in range(2)]  # noqa: E731
+    path.write_text(json.dumps({
+        "format": 1, "model": "stories260k", "model_fingerprint": fingerprint, "device": "cpu", "engine": engine,
+        "device_name": "test", "threads": 1, "nodes": nodes, "contexts": [1, 4096], "verify_s": grid(1.0),
+        "prefill_lengths": [1, 4096], "prefill_s": [0.05, 0.05],
+        "verify_s_by_batch": {str(b): grid(float(b)) for b in batches}}))
+    return str(path)
+
+
+def test_flat_sizing_is_the_fixed_tree_and_a_steep_profile_prunes(small_store, tmp_path, stories):
+    bench, out = small_store
+    steep = _steep_profile(tmp_path / "steep.json", stories.fingerprint)
+    arms = ("oilbird", "oilbird-fixed", "oilbird-chain", "oilbird@size=fixed:chain=32")
+    run_replay(ReplayConfig(bench=bench, model="stories260k", arms=arms, out=out, bootstrap=0, jobs=1,
+                                   progress=False, results_dir=str(tmp_path / "flat")))
+    # no profile: a flat cost, under which the sized tree keeps every candidate: the fixed tree, pass for pass
+    assert _passes(tmp_path / "flat" / "oilbird") == _passes(tmp_path / "flat" / "oilbird-fixed")
+    sized = run_replay(ReplayConfig(bench=bench, model="stories260k", arms=arms, out=out, bootstrap=0, jobs=1,
+                                    progress=False, profile=steep, results_dir=str(tmp_path / "steep")))
+    auto, fixed = sized[("oilbird", 60)], sized[("oilbird-fixed", 60)]
+    assert auto["mean_nodes"] < fixed["mean_nodes"]  # priced, the low-probability nodes are left out
+    assert auto["accepted_per_node"] > fixed["accepted_per_node"]
+    assert auto["estimate"]["speedup"] > fixed["estimate"]["speedup"]
+    chain = sized[("oilbird-chain", 60)]
+    lengths = pq.read_table(tmp_path / "steep" / "oilbird-chain" / "cycles.parquet")["nodes"].to_numpy()
+    assert lengths.max() <= 32 and len(set(lengths.tolist())) > 2  # the chain's length varies by step
+    stats = auto["drafter_stats"]
+    assert stats["size"] == "auto" and stats["step_cost"] == "vllm profile, batch 1"
+    cal = stats["calibration"]
+    assert cal["node"]["labels"] > 0 and 0 <= cal["node"]["ece"] <= 1 and "spine" in cal
+    assert fixed["drafter_stats"]["calibration"] is None
+    assert chain["estimate_by_batch"].keys() == {"1", "8"}
+    assert chain["paired_gain"] is None  # its key-off twin was not replayed: no pair
+
+
+def test_decision_arms_follow_the_profile_engine(small_store, tmp_path, stories):
+    from decoder.policy import decision_arms, paired_arm
+
+    assert decision_arms("vllm", [1, 8]) == ("suffix-arctic", "pld", "oilbird-chain", "oilbird-no-semantic-chain",
+                                             "oilbird-chain@batch=8", "oilbird-no-semantic-chain@batch=8")
+    assert decision_arms("harness")[3:5] == ("oilbird", "oilbird-no-semantic")
+    assert paired_arm("oilbird-chain@batch=8") == "oilbird-no-semantic-chain@batch=8"
+    assert paired_arm("suffix") is None
+    bench, out = small_store
+    steep = _steep_profile(tmp_path / "steep.json", stories.fingerprint)
+    got = run_replay(ReplayConfig(bench=bench, model="stories260k", arms=("decision",), out=out, bootstrap=50,
+                                  jobs=1, progress=False, profile=steep, results_dir=str(tmp_path / "d")))
+    assert {a for a, _ in got} == set(decision_arms("vllm", [1, 8]))
+    on = got[("oilbird-chain@batch=8", 60)]
+    assert on["estimate"]["batch"] == 8 and on["paired_gain"]["versus"] == "oilbird-no-semantic-chain@batch=8"
+    assert on["drafter_stats"]["step_cost"] == "vllm profile, batch 8"
+    # at batch 8 a step costs 8x: the chains sized for it are no longer than batch 1's
+    assert on["mean_nodes"] <= got[("oilbird-chain", 60)]["mean_nodes"]
+
+
+def test_an_unmeasured_batch_is_one_line(small_store, tmp_path, stories, capsys):
+    bench, out = small_store
+    steep = _steep_profile(tmp_path / "steep.json", stories.fingerprint, batches=())
+    code, err = _cli(["--bench", bench, "--model", "stories260k", "--out", out, "--arms", "oilbird-chain@batch=4",
+                      "--profile", steep, "--bootstrap", "0"], capsys)
+    assert code == 2 and len(err) == 1 and "not 4" in err[0]

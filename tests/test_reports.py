@@ -11,6 +11,8 @@ import os
 import re
 import shutil
 import subprocess
+import sys
+from html import unescape
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -18,14 +20,20 @@ import numpy as np
 import polars as pl
 import pytest
 
+from data.stats import wilson
 from decoder.verdict import RULE, verdict
 from reports.benchmark_page import audit_cell, result_page
-from reports.case_viewer import CATEGORIES, TokenText, categories, load_token_text, pick_cases
+from reports.case_viewer import (
+    CATEGORIES,
+    TokenText,
+    categories,
+    load_token_text,
+    pick_cases,
+)
 from reports.census_sections import recall_curve
 from reports.decision import DECISION_CSS, DECISION_TEXT
 from reports.links import page_name
 from reports.render import render_site, write_site
-from data.stats import wilson
 from reports.results import find_results, sole_source_share
 
 SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
@@ -503,7 +511,9 @@ def test_decision_block_enable(tmp_path):
     cls, text = decision_of(page)
     assert cls == "enable"
     assert "Decision: enable the semantic source?" in text and f"Verdict: {DECISION_TEXT['enable']}." in text
-    assert "strictly-past pool, 60 nodes, 534 requests" in text
+    assert "strictly-past pool, 60 candidate nodes, 534 requests), in the form the Oilbird harness verifies: a token tree" in text
+    # the fastest configuration the harness can run (trees and chains alike): oilbird at 2.10x
+    assert "Fastest configuration the Oilbird harness can run" not in text  # no estimate_by_batch in these summaries
     assert f"Rule (decoder/verdict.py): {RULE}" in text  # the rule, with its numbers
     assert "sole-source share 12.0% (95% interval 11.0–13.0%) is at or above the 9% line" in text
     # both definitions of the share, named, with intervals and counts
@@ -525,6 +535,44 @@ def test_decision_block_enable(tmp_path):
     assert "oilbird tau 5.61 vs lexical 5.20, 1.079×, short of the 1.25× line by 13.7%" in text
     # the live decoder section points up to the decision instead of deciding again
     assert "The verdict (enable, read from the replay) is at the top of the page" in "".join(parse(page).text)
+
+
+def _by_batch(s1: float, s8: float) -> dict:
+    return {"1": {"speedup": s1, "speedup_interval": [s1 - 0.1, s1 + 0.1]},
+            "8": {"speedup": s8, "speedup_interval": [s8 - 0.1, s8 + 0.1]}}
+
+
+def test_decision_in_the_form_vllm_runs(tmp_path):
+    """A replay priced on vLLM decides between the chains, names the engine's form, the fastest configuration at
+    each batch size (an arm sized for batch 8 competes at 8 only) and the calibration of the node probabilities."""
+    runs = make_runs(tmp_path, decode=False)
+    vllm = {"engine": "vllm", "profile": "runs/profiles/toy-model-cpu-vllm.json"}
+    cal = {"spine": {"labels": 900, "ece": 0.021, "bins": [[900, 450.0, 430.0]] + [[0, 0, 0]] * 9},
+           "node": {"labels": 1000, "ece": 0.034, "bins": [[1000, 520.0, 486.0]] + [[0, 0, 0]] * 9}}
+
+    def arm(name, tau, s1, s8, **kw):
+        s = replay_summary(name, tau, speedup=s1, estimate_by_batch=_by_batch(s1, s8), **kw)
+        s["estimate"].update(vllm)
+        return s
+
+    on = arm("oilbird-chain", 5.3, 2.6, 1.4, share=0.05, gain=[1.01, 1.03],
+             drafter_stats={"calibration": cal}, mean_nodes=6.5, accepted_per_node=0.62)
+    on["paired_gain"]["versus"] = "oilbird-no-semantic-chain"
+    write_replay(runs / "toy" / "toy-model", [
+        arm("suffix-arctic", 5.2, 2.5, 1.5), arm("pld", 4.1, 2.0, 1.3), on,
+        arm("oilbird-no-semantic-chain", 5.2, 2.55, 1.45),
+        arm("oilbird-chain@batch=8", 5.0, 2.4, 1.6), arm("oilbird", 8.6, 3.0, 1.0)])
+    cls, text = decision_of(render_one(runs))
+    assert "in the form vLLM verifies: one chain per request" in text
+    assert "Paired gain of oilbird-chain over oilbird-no-semantic-chain" in text
+    # trees (oilbird, 3.0x) are not what vLLM runs; at batch 8 the batch-8-sized chain (1.6x) beats suffix (1.5x)
+    assert ("Fastest configuration vLLM can run (estimated speedup over plain greedy at the same batch size, 95% "
+            "interval): batch 1: oilbird-chain 2.60× [2.50×–2.70×]; batch 8: oilbird-chain@batch=8 1.60× "
+            "[1.50×–1.70×].") in text
+    assert "Calibration of oilbird-chain's node probabilities" in text
+    # cells run together in the page's text: source, labelled nodes, mean predicted, mean observed, ECE
+    assert "spine9000.5000.4780.021" in text and "the node (sources combined)1,0000.5200.4860.034" in text
+    assert "oilbird-chain60 / 6.500.620" in text  # candidate budget, nodes verified per pass, accepted tokens per node
 
 
 def test_decision_block_leave_off(tmp_path):
@@ -1059,13 +1107,56 @@ def browse(chromium: str, page: Path, shot: Path, tmp: Path) -> tuple[list[str],
     return console, requests
 
 
+DEPTH_SOURCES = ("spine", "branch", "adjacency", "semantic", "rollout", "pool", "root")  # every source oilbird names
+
+
+def browser_site(root: Path) -> Path:
+    """The pages the browser tests open, written to root/site: the default census and live arms, and a replay of
+    four arms whose oilbird and oilbird-no-semantic record acceptance per depth (32 depths, as the replay writes
+    them) for every source, so the evidence page has its widest table (11 columns)."""
+    runs = make_runs(root)
+    arms = replay_arms(0.12, [1.02, 1.08])
+    for arm, passes, sources in ((arms[2], 10, DEPTH_SOURCES[:3]), (arms[3], 8, DEPTH_SOURCES)):
+        arm["by_depth"] = {"depths": 32, "passes": passes, "reach": [round(1 - d / 33, 6) for d in range(1, 33)],
+                           "by_source": {src: [max(0, 7 - d // 5) for d in range(32)] for src in sources},
+                           "sole_semantic": [max(0, 3 - d // 8) for d in range(32)]}
+    write_replay(runs / "toy" / "toy-model", arms)
+    out = root / "site"
+    write_site(out, render_site(find_results(runs), token_text=nasty_text()))
+    return out
+
+
+# Laid out in the page, this writes into the title what the page measures: the document's width, the window's, and
+# each table wider than the box it sits in (its right columns hidden, or past the page: cut off either way), by the
+# id of its section and its width against the box's.
+MEASURE = ("<script>(function(){var e=document.documentElement,cut=[];"
+           "document.querySelectorAll('table').forEach(function(t){var b=t.parentElement,"
+           "w=Math.round(t.getBoundingClientRect().width);if(w>b.clientWidth){var s=t.closest('section');"
+           "cut.push((s?s.id:'?')+' '+w+'>'+b.clientWidth)}});"
+           "document.title=JSON.stringify({page:e.scrollWidth,client:e.clientWidth,window:window.innerWidth,"
+           "cut:cut})})()</script>")
+
+
+def layout(chromium: str, page: Path, tmp: Path, width: int = 1300) -> dict:
+    """`page` laid out by headless Chromium in a `width`-pixel window: {page, client, window, cut} (see MEASURE).
+    The page forbids scripts (its Content-Security-Policy), so a copy without that one tag runs MEASURE."""
+    text = re.sub(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", page.read_text(), count=1)
+    probe = page.with_name(f"layout-{page.name}")
+    probe.write_text(text.replace("</body>", MEASURE + "</body>", 1))
+    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-dev-shm-usage",
+           "--disable-background-networking", "--disable-component-update", "--disable-sync",
+           f"--user-data-dir={tmp / 'profile'}", f"--window-size={width},900", "--dump-dom", probe.resolve().as_uri()]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    m = re.search(r"<title>(\{.*?\})</title>", proc.stdout, re.S)
+    assert m, proc.stderr[-2000:]
+    return json.loads(unescape(m.group(1)))
+
+
 def test_browser_renders_offline_without_errors(tmp_path):
     chromium = find_chromium()
     if chromium is None:
         pytest.skip("no chromium on PATH or at /usr/bin/chromium (.ci/run installs Debian's chromium)")
-    runs = make_runs(tmp_path)
-    site = tmp_path / "site"
-    write_site(site, render_site(find_results(runs), token_text=nasty_text()))
+    site = browser_site(tmp_path)
     page = site / "toy__toy-model.html"
     assert_offline(page.read_text())
     shot = REPO / "reports" / "html" / "screenshot-test.png"
@@ -1074,12 +1165,77 @@ def test_browser_renders_offline_without_errors(tmp_path):
     console, requests = browse(chromium, page, shot, tmp_path)
     assert console == [] and requests == []
     assert shot.stat().st_size > 20_000  # a rendered page, not a blank one
+    console, requests = browse(chromium, site / EVIDENCE, tmp_path / "evidence.png", tmp_path)
+    assert console == [] and requests == []
     # the same check sees a page that breaks both rules (the control: the detectors work)
     bad = site / "bad.html"
     bad.write_text('<!DOCTYPE html><html><body><p>x</p><img src="http://127.0.0.1:9/x.png">'
                    "<script>undefinedFunction()</script></body></html>")
     console, requests = browse(chromium, bad, tmp_path / "bad.png", tmp_path)
     assert any("Uncaught" in line for line in console) and requests == ["http://127.0.0.1:9/x.png"]
+
+
+def test_browser_tables_fit_a_1300_pixel_window(tmp_path):
+    """Issue 37: the evidence page's per-depth table was wider than the page, its right columns cut off in a
+    1300-pixel window. Every table fits there now, and no page scrolls sideways."""
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH or at /usr/bin/chromium (.ci/run installs Debian's chromium)")
+    site = browser_site(tmp_path)
+    assert len(table_rows(sweep_block((site / EVIDENCE).read_text(), "depth"))) == 1 + 10  # header, DEPTH_ROWS
+    lay = layout(chromium, site / EVIDENCE, tmp_path)
+    assert lay["window"] == 1300, lay  # the window is the size asked for
+    assert lay["page"] <= lay["client"], lay  # the page does not scroll sideways
+    assert lay["cut"] == [], lay  # and no table hides columns in its box
+    for name in ("toy__toy-model.html", "index.html", "grid.html"):  # the grid may scroll in its box, not the page
+        lay = layout(chromium, site / name, tmp_path)
+        assert lay["page"] <= lay["client"], (name, lay)
+    # the control: the same measurement sees a page wider than the window, and a table cut off in its box
+    wide = site / "wide.html"
+    wide.write_text('<!DOCTYPE html><html><head><title>x</title></head><body><div style="width:1600px">x</div>'
+                    '<section id="s"><div class="table-scroll" style="overflow-x:auto;width:300px"><table><tr>'
+                    '<td style="white-space:nowrap">' + "x " * 200 + "</td></tr></table></div></section></body></html>")
+    lay = layout(chromium, wide, tmp_path)
+    assert lay["page"] > lay["client"] and len(lay["cut"]) == 1 and lay["cut"][0].startswith("s "), lay
+
+
+SCREENSHOT = REPO / "benchmarks" / "screenshot_report.py"
+
+
+def screenshot(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCREENSHOT), *args], capture_output=True, text=True, timeout=300)
+
+
+def test_screenshot_of_the_decision_block(tmp_path):
+    """benchmarks/screenshot_report.py (the README's picture): a PNG of the decision block only, under 300 KB."""
+    chromium = find_chromium()
+    if chromium is None:
+        pytest.skip("no chromium on PATH or at /usr/bin/chromium (.ci/run installs Debian's chromium)")
+    image = pytest.importorskip("PIL.Image")
+    site = browser_site(tmp_path)
+    out = tmp_path / "img" / "decision.png"
+    proc = screenshot("--page", str(site / "toy__toy-model.html"), "--out", str(out), "--width", "1200",
+                      "--chromium", chromium)
+    assert proc.returncode == 0, proc.stderr
+    assert 10_000 < out.stat().st_size <= 300_000
+    with image.open(out) as png:
+        # the block's width (main: 1240 px at most, here the 1200-pixel window less 2 × 1.5rem of padding) and 16
+        # px each side; the whole block down
+        assert png.size[0] == 1200 - 48 + 2 * 16 and png.size[1] > 600, png.size
+        assert png.convert("RGB").getpixel((5, 5)) == (255, 255, 255)  # the page's margin, not the nav bar
+
+
+def test_screenshot_errors_are_one_line(tmp_path):
+    page = tmp_path / "toy__toy-model.html"
+    page.write_text('<html><body><section id="decision"><h2>Decision</h2></section></body></html>')
+    for args, says in [(["--page", str(tmp_path / "none.html")], "no page at "),
+                       (["--page", str(page), "--chromium", str(tmp_path / "no-chromium")], "no such program"),
+                       (["--page", str(tmp_path), "--width", "x"], "invalid int value"),
+                       (["--page", str(page), "--width", "10"], "give 400 to 4000 pixels")]:
+        proc = screenshot(*args, "--out", str(tmp_path / "x.png"))
+        assert proc.returncode == 2 and proc.stdout == "", (args, proc.stderr)
+        assert proc.stderr.startswith("error: ") and proc.stderr.count("\n") == 1 and says in proc.stderr, proc.stderr
+    assert not (tmp_path / "x.png").exists()
 
 
 # ---------------------------------------------------------------- ablations (python -m decoder ablations)
@@ -1312,7 +1468,7 @@ def test_evidence_without_ablations_reads_the_replay(tmp_path):
     abl = block_text(sweep_block(page, "ablations"))
     assert ("not available: no ablations/ablations.json under toy/toy-model/: `make ablations BENCH=toy "
             "MODEL=toy-model`") in abl
-    assert table_rows(sweep_block(page, "replay"))["oilbird"][2] == "5.61 [5.31–5.91]"
+    assert table_rows(sweep_block(page, "replay"))["oilbird"][3] == "5.61 [5.31–5.91]"
     # per-source acceptance of the replayed oilbird, and its counters
     src = table_rows(sweep_block(page, "sources"))
     assert src["semantic"] == ["semantic", "200", "50", "25.0%", "40.0%"]

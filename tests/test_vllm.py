@@ -127,6 +127,30 @@ def test_the_proposer_follows_every_row(served, arm):
         assert pool["key_queries"] == 0
 
 
+def test_the_cost_aware_chain_in_vllm_is_greedy_token_for_token(served, tiny_llama64):
+    """With a profile (a step that grows 50% with every draft token, batch 4's grid for `oilbird@batch=4`) the
+    proposer cuts each row's chain where expected tokens per second stop growing: lengths vary from 0 to k,
+    and the output is still vLLM's greedy, token for token."""
+    tmp = served["_tmp"]
+    nodes = [0, 4, 64]
+    grid = [[0.01 * (1 + 0.5 * n) for n in nodes] for _ in range(2)]
+    profile = tmp / "steep.json"
+    profile.write_text(json.dumps({"format": 1, "model": "tiny", "model_fingerprint": "any", "engine": "vllm",
+                                   "nodes": nodes, "contexts": [1, 4096], "verify_s": grid,
+                                   "prefill_lengths": [1, 4096], "prefill_s": [0.01, 0.01],
+                                   "verify_s_by_batch": {"4": grid}}))
+    r = _run(tiny_llama64, "oilbird@batch=4", tmp, profile=str(profile))
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((tmp / "oilbird@batch=4.json").read_text())
+    assert got["outputs"] == served["vllm-greedy"]["outputs"]
+    d = got["proposer"]["drafter"]
+    assert d["size"] == "auto" and d["step_cost"] == "vllm profile, batch 4"
+    assert 0 < d["kept_nodes"] < 4 * d["passes"]  # shorter chains than k on average, but some
+    assert d["calibration"]["node"]["labels"] > 0
+    bad = _run(tiny_llama64, "oilbird@batch=2", tmp, profile=str(profile))
+    assert bad.returncode == 2 and "measured batch sizes 1, 4, not 2" in bad.stderr.strip().splitlines()[-1]
+
+
 def test_bad_input_is_one_line(tiny_llama64, tmp_path):
     r = _run(tiny_llama64, "no-such-arm", tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: ") and len(r.stderr.strip().splitlines()) == 1

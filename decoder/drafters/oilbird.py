@@ -44,29 +44,38 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from data.store.schema import prompt_hash as hash_prompt
-from decoder.draft import ROOT, Draft, Drafter, as_chain, best_chain
+from decoder.calibration import NodeCalibrator, accepted_labels
+from decoder.draft import ROOT, Draft, Drafter, best_chain, subtree
+from decoder.drafters.features import rank_feature, semantic_feature
+from decoder.drafters.keygate import RequestPatience, SelfCalibration
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
+from decoder.drafters.oilbird_config import (
+    HOSTS,
+    KEY_LEVELS,
+    SIZES,
+    TOOLSPEC_POOL_NGRAMS,
+    OilbirdConfig,
+)
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
-from decoder.drafters.sam import AutomatonIndex, automaton_match
-from decoder.drafters.keygate import RequestPatience, SelfCalibration
-from decoder.drafters.oilbird_config import HOSTS, KEY_LEVELS, TOOLSPEC_POOL_NGRAMS, OilbirdConfig
 from decoder.drafters.rollouts import RejectedPool, rejected_records
-from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
+from decoder.drafters.sam import AutomatonIndex, automaton_match
 from decoder.drafters.semantic import RANK_DEPTHS, SemanticPool, ngram_continuation
+from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
+from decoder.sizing import StepCost, path_probs, select_chain, select_tree
 
 SEMANTIC, ROLLOUT, POOL, ROOT_BRANCH = "semantic", "rollout", "pool", "root"
 Chain = list[int]
 
 
-def hang_from_root(draft: Draft, chain: Sequence[int], source: str, budget: int) -> int:
+def hang_from_root(draft: Draft, chain: Sequence[int], source: str, budget: int, feature: int = 0) -> int:
     """Root-attached (the ablation): `chain` as a new branch under the anchor, every token bought."""
     node, added = ROOT, 0
-    for tok in chain:
+    for position, tok in enumerate(chain):
         if len(draft) >= budget:
             break
         shadowed = draft.child(node, tok)
-        node_new = draft.add_node(node, tok, source)
+        node_new = draft.add_node(node, tok, source, feature, position)
         if shadowed is not None:  # keep later merges walking the original node, not this duplicate
             draft._children[(draft.parents[node_new], int(tok))] = shadowed
         node = node_new
@@ -74,9 +83,9 @@ def hang_from_root(draft: Draft, chain: Sequence[int], source: str, budget: int)
     return added
 
 
-def merge_candidates(draft: Draft, candidates: Sequence[tuple[Chain, str]], budget: int,
+def merge_candidates(draft: Draft, candidates: Sequence[tuple], budget: int,
                      root_attached: frozenset[str] = frozenset()) -> list[int]:
-    """Merge (chain, source) candidates in order; new nodes stop once the draft holds `budget` nodes.
+    """Merge (chain, source[, feature]) candidates in order; new nodes stop once the draft holds `budget` nodes.
 
     Chains of a source in `root_attached` hang from the root instead. Returns the nodes each
     candidate bought (its cost, |chain| minus the prefix already on the tree, cut by the budget).
@@ -84,11 +93,12 @@ def merge_candidates(draft: Draft, candidates: Sequence[tuple[Chain, str]], budg
     budget is spent, so every node lists every source that proposed it.
     """
     costs = []
-    for chain, source in candidates:
+    for chain, source, *feature in candidates:
+        feature = feature[0] if feature else 0  # the source's evidence for the chain (features.py); none: 0
         if source in root_attached:
-            costs.append(hang_from_root(draft, chain, source, budget))
+            costs.append(hang_from_root(draft, chain, source, budget, feature))
         else:
-            costs.append(draft.add_chain(chain, source, budget))
+            costs.append(draft.add_chain(chain, source, budget, feature=feature))
     return costs
 
 
@@ -157,10 +167,21 @@ class OilbirdDrafter(Drafter):
         self._begun = 0  # requests begun
         self._bought: set[int] = set()  # draft nodes the key bought in the pending pass
         self._selected: list[NgramIndex] | None = None  # request-level key: the selected traces, indexed
+        if c.size not in SIZES:
+            raise ValueError(f"size must be one of {', '.join(SIZES)} (got {c.size!r})")
+        if c.batch < 1:
+            raise ValueError(f"batch must be at least 1 (got {c.batch})")
+        self.step_cost = StepCost(c.step_cost, c.batch)  # the engine's step against draft tokens (None: flat)
+        self.calibrator = NodeCalibrator()
+        self._cand: Draft | None = None  # size auto: the pending pass's candidates, priced
+        self._detail: list = []  # ... the estimates behind their prices
+        self._kept: list[int] = []  # ... the candidates verified, in the verified draft's order
+        self._match, self._key_cosine = 0, 0.0  # this pass's automaton match length and key's best cosine
         self.tally = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
                              rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0,
-                             chose_lexical=0, chose_semantic=0)
+                             chose_lexical=0, chose_semantic=0, candidate_nodes=0, kept_nodes=0,
+                             expected_tokens=0.0, sizing_time_s=0.0)
 
     # ------------------------------------------------------------ the pool
     def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None,
@@ -207,7 +228,8 @@ class OilbirdDrafter(Drafter):
         self._bought = set()
         self.patience.begin()
 
-    REQUEST_FIELDS = ("h_t", "_first_state", "_prompt_hash", "_serial", "_bought", "_selected", "ngrams")
+    REQUEST_FIELDS = ("h_t", "_first_state", "_prompt_hash", "_serial", "_bought", "_selected", "ngrams", "_cand",
+                      "_detail", "_kept")
 
     def suspend_request(self) -> dict:
         """This request's state (contract: decoder/draft.py), so that another request can run between
@@ -247,7 +269,8 @@ class OilbirdDrafter(Drafter):
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
             return self.table.expand(anchor, parents, ranks, budget, "recycling"), has_adjacency
         lex = LexicalConfig(spine_max=c.spine_max, branch_top=c.branch_top, branch_max=c.branch_max)
-        return build_lexical(self.index, self.table, budget, lex, chains), bool(chains[0]) and has_adjacency
+        return (build_lexical(self.index, self.table, budget, lex, chains, self._match),
+                bool(chains[0]) and has_adjacency)
 
     def _has_adjacency(self, anchor: int) -> bool:
         """Whether the adjacency table has successors of `anchor` (asked twice a pass: kept until it changes)."""
@@ -299,6 +322,7 @@ class OilbirdDrafter(Drafter):
             scores, _, fired = self.pool.key_finish(handle[1])
             if len(scores):  # an empty pool (or one holding only this prompt's traces) says nothing of distance
                 self.patience.answered(float(scores[0]))
+                self._key_cosine = float(scores[0])
             self.tally["key_fired"] += fired is not None
             chains = fired or []
         self.tally["semantic_time_s"] += time.perf_counter() - t0 - (self.pool.shadow_s - shadow0)
@@ -362,12 +386,34 @@ class OilbirdDrafter(Drafter):
         return [int(t) for t in row[:n] if t >= 0]
 
     def propose(self, context: Sequence[int], budget: int) -> Draft:
-        draft = self._propose_tree(context, budget)
-        if self.config.chain <= 0:
-            return draft
-        nodes = best_chain(draft, self.config.chain)
-        self._bought = {j for j, i in enumerate(nodes) if i in self._bought}
-        return as_chain(draft, nodes)
+        """The merged tree under `budget` (the candidates), then what the engine verifies of it: with size auto
+        the nodes (or, `chain` > 0, the best path's first nodes) that maximise expected tokens per second
+        (decoder/sizing.py), priced by the calibrator; with size fixed the whole tree (or the chain of the
+        most-proposed children, `best_chain`)."""
+        c = self.config
+        cand = self._propose_tree(context, budget)
+        t0 = time.perf_counter()
+        self._cand = None
+        if c.size == "fixed":
+            if c.chain <= 0:
+                return cand
+            kept = best_chain(cand, c.chain)
+        else:
+            cand.probs, self._detail = self.calibrator.estimate(cand.evidence)
+            self._cand = cand
+            path = path_probs(cand.parents, cand.probs)
+            cap = c.chain if c.chain > 0 else len(cand)
+            step_s = self.step_cost.table(cap, len(context) - 1)
+            kept = (select_chain(cand.parents, cand.probs, path, step_s, c.chain) if c.chain > 0
+                    else select_tree(path, step_s))
+            tally = self.tally
+            tally["candidate_nodes"] += len(cand)
+            tally["kept_nodes"] += len(kept)
+            tally["expected_tokens"] += 1.0 + float(path[kept].sum())
+            tally["sizing_time_s"] += time.perf_counter() - t0
+        self._kept = kept
+        self._bought = {j for j, i in enumerate(kept) if i in self._bought}
+        return subtree(cand, kept)
 
     def _propose_tree(self, context: Sequence[int], budget: int) -> Draft:
         c = self.config
@@ -383,6 +429,7 @@ class OilbirdDrafter(Drafter):
         if self.index is not None:
             match, spine, branches = automaton_match(self.index, c.spine_max, c.branch_top, c.branch_max)
             chains = (spine, branches)
+        self._match, self._key_cosine = match, 0.0
         if c.one_source:
             return self._one_source(context, budget, chains, match)
         reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
@@ -396,23 +443,28 @@ class OilbirdDrafter(Drafter):
             self.tally["gated"] += 1
             return self._host(context, budget, chains)[0] if reserve else draft
         cap = len(draft) + reserve
-        candidates = [(g, SEMANTIC) for g in (self._key_finish(handle) if overlap else self._key_chains(context))]
+        candidates = self._semantic_candidates(self._key_finish(handle) if overlap else self._key_chains(context))
         if pooled:
-            candidates.append((pooled, POOL))
+            candidates.append((pooled, POOL, 0))
         if chains is not None:
-            candidates += [(g, BRANCH) for g in chains[1]]
-        candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
-        candidates += [([t], ROOT_BRANCH) for t in self._root_branches(int(context[-1]))]
+            candidates += [(g, BRANCH, rank_feature(r)) for r, g in enumerate(chains[1])]
+        candidates += [(g, ROLLOUT, rank_feature(r)) for r, g in enumerate(self._rollouts(int(context[-1])))]
+        candidates += [([t], ROOT_BRANCH, rank_feature(r)) for r, t in enumerate(self._root_branches(int(context[-1])))]
         start = len(draft)
         self._merge(draft, candidates, cap)
         assert len(draft) - start <= reserve
         return draft
 
-    def _merge(self, draft: Draft, candidates: list[tuple[Chain, str]], cap: int) -> None:
+    def _semantic_candidates(self, chains: list[Chain]) -> list[tuple[Chain, str, int]]:
+        """The key's chains as candidates, each with its evidence: the pass's best cosine and the chain's rank."""
+        cos = self._key_cosine
+        return [(g, SEMANTIC, semantic_feature(cos, r)) for r, g in enumerate(chains)]
+
+    def _merge(self, draft: Draft, candidates: list[tuple[Chain, str, int]], cap: int) -> None:
         """Merge the candidates into `draft` up to `cap` nodes, noting the nodes the key bought."""
         root = frozenset({SEMANTIC, ROLLOUT}) if self.config.attach == "root" else frozenset()
         node = len(draft)
-        for (_, source), cost in zip(candidates, merge_candidates(draft, candidates, cap, root)):
+        for (_, source, *_), cost in zip(candidates, merge_candidates(draft, candidates, cap, root)):
             if source == SEMANTIC and cost:  # a candidate's new nodes are appended together, in order
                 self._bought.update(range(node, node + cost))
             node += cost
@@ -428,8 +480,8 @@ class OilbirdDrafter(Drafter):
             return lexical
         if match < c.one_source_min_match:
             semantic = Draft()  # semantic-only's draft less root branching: key chains, then rollouts, from the root
-            candidates = [(g, SEMANTIC) for g in self._key_chains(context)]
-            candidates += [(g, ROLLOUT) for g in self._rollouts(int(context[-1]))]
+            candidates = self._semantic_candidates(self._key_chains(context))
+            candidates += [(g, ROLLOUT, rank_feature(r)) for r, g in enumerate(self._rollouts(int(context[-1])))]
             self._merge(semantic, candidates, budget)
             if len(semantic):
                 self.tally["chose_semantic"] += 1
@@ -439,6 +491,14 @@ class OilbirdDrafter(Drafter):
 
     def observe(self, context: Sequence[int], result) -> None:
         c = self.config
+        if self._cand is not None:  # size auto: the candidates whose parent's next token is now known, labelled
+            cand, kept = self._cand, self._kept
+            next_token = {ROOT: int(result.argmax[0])}
+            for i in result.accepted_nodes:
+                next_token[kept[i]] = int(result.argmax[1 + i])
+            self.calibrator.observe(cand.evidence, cand.probs, self._detail,
+                                    accepted_labels(cand.parents, cand.tokens, next_token))
+            self._cand = None
         if self.table is not None:
             self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
             self._adjacency_memo = None
@@ -473,6 +533,8 @@ class OilbirdDrafter(Drafter):
         return {
             **self.tally,
             "semantic_key": self.config.semantic and self.config.key_level != "null",
+            "size": self.config.size, "step_cost": self.step_cost.describe(),
+            "calibration": self.calibrator.summary() if self.config.size == "auto" else None,
             "key_overlap": self.overlap,
             "calibration_mutes": self.calibration.mutes,
             "calibration_skipped": self.calibration.skipped,

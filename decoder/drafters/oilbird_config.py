@@ -2,8 +2,13 @@
 the drafter itself is decoder/drafters/oilbird.py.
 
 Arms (presets of this one drafter, `ARM_PRESETS`):
-  oilbird                the method as above
+  oilbird                the method as above; the tree sized by the engine's cost (size auto, decoder/sizing.py)
   oilbird-no-semantic    the key never queried; everything else equal (branches and rollouts keep B_ret)
+  oilbird-fixed, oilbird-no-semantic-fixed
+                         the same at the fixed budget: every candidate node verified (the paper's B = 60)
+  oilbird-chain, oilbird-no-semantic-chain
+                         the best path of the merged tree, at most CHAIN_CAP tokens, cut by the cost rule:
+                         what a chain engine (vLLM) verifies
   semantic-only          no lexical sources, no gate: key chains, rollouts and root branching (the anchor's
                          top-8 adjacency successors, one-token branches, label "root") from the root, whole budget
   semantic-null          semantic-only with the key retrieving nothing (its null control): rollouts and root
@@ -70,6 +75,8 @@ from decoder.drafters.semantic import DEPTH_SCHEDULE, RANK_DEPTHS
 HOSTS = ("lexical", "pld", "recycling", "toolspec", "none")
 TOOLSPEC_POOL_NGRAMS = (5, 7)  # toolspec+pool: ToolSpec's own exact key, its n-gram phase's n = 7 down to 5
 KEY_LEVELS = ("position", "request", "null")
+SIZES = ("auto", "fixed")
+CHAIN_CAP = 32  # the chain arms' longest chain (vLLM's num_speculative_tokens for them; the profile measures 64)
 
 @dataclass
 class OilbirdConfig:
@@ -119,14 +126,26 @@ class OilbirdConfig:
     key_overlap: str = "auto"  # lexical host: the key's query on the kernel's worker thread (data/index/keyscan.c), on
     #                            another core, while the host builds its tree: on | off (inline) | auto (on when
     #                            the process may use more cores than torch's threads: `spare_core`)
-    chain: int = 0  # > 0: propose only the best chain of the merged tree, at most this many tokens
-    #                 (decoder.draft.best_chain: the most-proposed child at each node); what vLLM verifies
+    chain: int = 0  # > 0: propose only the best chain of the merged tree, at most this many tokens; what vLLM
+    #                 verifies (size auto: the most probable child at each node, cut by the cost rule; size
+    #                 fixed: decoder.draft.best_chain, the most-proposed child at each node, all k tokens)
+    size: str = "auto"  # auto: verify the nodes (or chain prefix) that maximise expected tokens per second
+    #                     (decoder/sizing.py) from the candidates the budget admits; fixed: the whole budget
+    batch: int = 1  # the batch size whose step cost sizes the draft (the profile's verify_s_by_batch)
+    step_cost: object = None  # the engine's profile (decoder/profile.py CostModel), set by the runner (replay,
+    #                           the vLLM proposer); None: a flat cost, under which auto keeps every candidate
 
 
 # arm name -> OilbirdConfig options
 ARM_PRESETS: dict[str, dict] = {
     "oilbird": {},
     "oilbird-no-semantic": {"semantic": False},
+    # the fixed budget (the paper's B = 60 nodes, every node verified whatever its chance)
+    "oilbird-fixed": {"size": "fixed"},
+    "oilbird-no-semantic-fixed": {"semantic": False, "size": "fixed"},
+    # the form a chain engine (vLLM) verifies: the best path of the merged tree, cut by the cost rule
+    "oilbird-chain": {"chain": CHAIN_CAP},
+    "oilbird-no-semantic-chain": {"semantic": False, "chain": CHAIN_CAP},
     # the key is the only retrieval source (never quiet); root branching declared, as the paper's arm
     "semantic-only": {"host": "none", "key_patience": 0, "root_branching": 8},
     "semantic-null": {"host": "none", "key_level": "null", "key_patience": 0, "root_branching": 8},

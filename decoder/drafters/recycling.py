@@ -90,6 +90,7 @@ class AdjacencyTable:
         if not 0 <= anchor < table.shape[0]:
             return draft
         node_of = [-1] * len(parents)  # template node -> draft node (-1: left out)
+        depth = [0] * len(parents)  # template node -> depth below the anchor - 1 (the evidence's position)
         rows: dict[int, list[int]] = {}
         for t, (tp, r) in enumerate(zip(parents, ranks)):
             if len(draft) >= budget:
@@ -101,13 +102,14 @@ class AdjacencyTable:
                 if base < 0:
                     continue
                 base_tok = draft.tokens[base]
+                depth[t] = depth[tp] + 1
             row = rows.get(base_tok)
             if row is None:
                 row = rows[base_tok] = table[base_tok].tolist()
             tok = row[r]
             if tok < 0 or draft.child(base, tok) is not None:
                 continue
-            node_of[t] = draft.add_node(base, tok, source)
+            node_of[t] = draft.add_node(base, tok, source, r, depth[t])  # evidence: the rank, the depth
         return draft
 
 

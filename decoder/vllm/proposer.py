@@ -22,9 +22,12 @@ What runs, per engine step (vLLM calls `propose` after committing the step's tok
      and top-8 of the anchor and every verified node), proposes the next draft and suspends the request.
      One drafter serves every row, so every request drafts from one pool.
   4. vLLM verifies one chain per row, so the arm runs with `chain=k`: it builds its whole tree (at `nodes`
-     nodes, as in replay) and proposes its best chain (decoder.draft.best_chain: at each node the child
-     the most sources proposed, ties to the host's spine), at most k tokens. The replay of the same arm
-     with `@chain=k` predicts it.
+     nodes, as in replay) and proposes its best chain: at each node the most probable child (the node
+     probabilities of decoder/calibration.py), cut where the expected tokens per second of a step stop
+     growing, priced on the vLLM profile OILBIRD_VLLM_PROFILE names at the arm's batch size (`@batch=B`;
+     decoder/sizing.py), so the chain's length varies by row and step, 0 to k tokens (without a profile the
+     cost is flat and every chain runs to k; `@size=fixed` keeps the most-proposed child and k tokens).
+     The replay of the same arm with `@chain=k` predicts it.
 The arms are the replay's names (`oilbird`, `oilbird-no-semantic`, variants `oilbird@field=value`); an arm
 whose drafter keeps per-request state without `suspend_request` is refused.
 With OILBIRD_VLLM_STORE=<folder> (the one flag) every finished request is also written to a trace store
@@ -42,11 +45,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
+from data.capture.vllm_capture import RequestRecorder, Trace
+from data.capture.vllm_rows import RowRequest
 from data.errors import OilbirdError
 from data.store.files import atomic_write_json
 from data.store.schema import prompt_hash
-from data.capture.vllm_capture import RequestRecorder, Trace
-from data.capture.vllm_rows import RowRequest
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.drafters import make_drafter
 from decoder.pools import PoolSettings
@@ -64,11 +67,12 @@ class ProposerSettings:
     index: str = "auto"  # the semantic key's index (decoder/pools.py --index)
     stats: str = ""  # a JSON file for the counters ("" = none)
     log: str = ""  # a log file ("" = none)
+    profile: str = ""  # the vLLM verification-cost profile that sizes the chains ("" = a flat cost: k tokens)
 
     @classmethod
     def from_env(cls) -> "ProposerSettings":
         kw: dict[str, Any] = {}
-        for f in ("arm", "nodes", "index", "stats", "log"):
+        for f in ("arm", "nodes", "index", "stats", "log", "profile"):
             v = os.environ.get(ENV + f.upper())
             if v:
                 kw[f] = int(v) if f == "nodes" else v
@@ -79,14 +83,15 @@ class ProposerSettings:
 
 
 def speculative_config(arm: str = "oilbird", k: int = 8, nodes: int = 60, index: str = "auto",
-                       stats: str | None = None, log: str | None = None) -> dict:
+                       stats: str | None = None, log: str | None = None, profile: str | None = None) -> dict:
     """vLLM's speculative_config for an Oilbird arm, the settings put in this process's environment (the
-    engine's child inherits it). The arm is checked here, so a bad name fails before the engine starts.
-    `stats` and `log` left None keep what the environment says (OILBIRD_VLLM_STATS, OILBIRD_VLLM_LOG)."""
+    engine's child inherits it). The arm and the profile are checked here, so a bad one fails before the engine
+    starts. `stats`, `log` and `profile` left None keep what the environment says (OILBIRD_VLLM_STATS, ...)."""
     env = ProposerSettings.from_env()
     settings = ProposerSettings(arm, nodes, index, env.stats if stats is None else stats,
-                                env.log if log is None else log)
+                                env.log if log is None else log, env.profile if profile is None else profile)
     check_arm(arm, k)
+    load_step_cost(settings.profile, arm)
     os.environ.update(settings.to_env())
     return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": int(k)}
 
@@ -102,6 +107,20 @@ def check_arm(arm: str, k: int, vocab_size: int = 16) -> Drafter:
     return make_drafter(arm, vocab_size=vocab_size, nodes=60, chain=k)
 
 
+def load_step_cost(profile: str, arm: str):
+    """The profile's cost model (None without one), refused in one line when unreadable or when it did not
+    measure the batch size the arm is sized for (`@batch=B`)."""
+    if not profile:
+        return None
+    from decoder.profile import CostModel
+    from decoder.replay import arm_batch
+
+    cost = CostModel.load(profile)
+    cost.meta["path"] = profile
+    cost.at_batch(arm_batch(arm))
+    return cost
+
+
 class OilbirdProposer(RequestRecorder):
     """vLLM's custom_class proposer: `OilbirdProposer(vllm_config)`, `load_model(model)`, `propose(...)`
     (data/capture/vllm_capture.py's RequestRecorder follows the rows and records the traces; this drafts)."""
@@ -111,10 +130,12 @@ class OilbirdProposer(RequestRecorder):
         self.settings = s = ProposerSettings.from_env()
         vocab = int(vllm_config.model_config.get_vocab_size())
         check_arm(s.arm, self.k)
+        cost = load_step_cost(s.profile, s.arm)
         self.drafter = make_drafter(s.arm, vocab_size=vocab, nodes=s.nodes, chain=self.k,
-                                    shared=PoolSettings(index=s.index, knn_recall_every=0).shared())
+                                    shared=PoolSettings(index=s.index, knn_recall_every=0, step_cost=cost).shared())
         self.counts["pooled_tokens"] = 0
-        self._log(f"oilbird proposer: arm {s.arm}, chain k={self.k}, tree nodes {s.nodes}, index {s.index}")
+        self._log(f"oilbird proposer: arm {s.arm}, chain k={self.k}, tree nodes {s.nodes}, index {s.index}, "
+                  f"sized by {s.profile or 'a flat cost'}")
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
         """The recorder's taps (and the served store, when OILBIRD_VLLM_STORE is set); an existing served
@@ -167,7 +188,8 @@ class OilbirdProposer(RequestRecorder):
 
     # ------------------------------------------------------------ reporting
     def stats(self) -> dict:
-        return {"arm": self.settings.arm, "k": self.k, "nodes": self.settings.nodes, **self.counts,
+        return {"arm": self.settings.arm, "k": self.k, "nodes": self.settings.nodes, "profile": self.settings.profile,
+                **self.counts,
                 "drafter": self.drafter.counters()}
 
     def _write_stats(self) -> None:

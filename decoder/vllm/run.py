@@ -23,15 +23,21 @@ import tempfile
 import time
 from pathlib import Path
 
+from data.capture.vllm_engine import (
+    EngineConfig,
+    make_llm,
+    model_max_len,
+    require_vllm,
+    spec_counters,
+)
 from data.errors import OilbirdError, cli_entry
 from data.store.files import atomic_write_json
-from data.capture.vllm_engine import EngineConfig, make_llm, model_max_len, require_vllm, spec_counters
 
 VLLM_ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix")
 WARMUP_PROMPT, WARMUP_NEW = 8, 4
 
 
-def spec_config_for(arm: str, k: int, nodes: int, index: str, stats: str) -> dict | None:
+def spec_config_for(arm: str, k: int, nodes: int, index: str, stats: str, profile: str = "") -> dict | None:
     """vLLM's speculative_config for an arm (None: plain greedy)."""
     if arm == "vllm-greedy":
         return None
@@ -45,7 +51,7 @@ def spec_config_for(arm: str, k: int, nodes: int, index: str, stats: str) -> dic
         return {"method": "suffix", "num_speculative_tokens": k}
     from decoder.vllm.proposer import speculative_config
 
-    return speculative_config(arm, k, nodes=nodes, index=index, stats=stats)
+    return speculative_config(arm, k, nodes=nodes, index=index, stats=stats, profile=profile)
 
 
 def read_prompts(path: Path) -> list[list[int]]:
@@ -61,12 +67,13 @@ def read_prompts(path: Path) -> list[list[int]]:
 
 def run_arm(model: str, prompts: list[list[int]], arm: str, k: int = 8, batch: int = 1, max_new: int = 64,
             nodes: int = 60, index: str = "auto", prefix_caching: bool = True, max_model_len: int | None = None,
-            dtype: str = "float32") -> dict:
+            dtype: str = "float32", profile: str = "") -> dict:
     """Serve `prompts` with one arm (module docstring); the result R.json holds."""
     if arm not in VLLM_ARMS:  # an Oilbird arm: checked before vLLM loads (one line, no engine)
-        from decoder.vllm.proposer import check_arm
+        from decoder.vllm.proposer import check_arm, load_step_cost
 
         check_arm(arm, k)
+        load_step_cost(profile, arm)
     require_vllm()
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -78,7 +85,7 @@ def run_arm(model: str, prompts: list[list[int]], arm: str, k: int = 8, batch: i
                            f"max_model_len {max_model_len}")
     with tempfile.TemporaryDirectory() as tmp:
         stats = os.path.join(tmp, "proposer.json")
-        spec = spec_config_for(arm, k, nodes, index, stats)
+        spec = spec_config_for(arm, k, nodes, index, stats, profile)
         t0 = time.perf_counter()
         llm = make_llm(EngineConfig(model, dtype=dtype, max_model_len=max_model_len, max_num_seqs=batch,
                                     prefix_caching=prefix_caching), spec)
@@ -121,6 +128,8 @@ def vllm_run_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--prefix-caching", choices=("on", "off"), default="on")
     ap.add_argument("--max-model-len", type=int, default=None, help="default: the model's own")
     ap.add_argument("--dtype", default="float32")
+    ap.add_argument("--profile", default="", help="Oilbird arms: the vLLM profile that sizes their chains (default: "
+                                                  "none, a flat cost: every chain runs to k)")
     ap.add_argument("--out", required=True, type=Path, help="the result JSON")
     a = ap.parse_args(argv)
     for name, v in (("--k", a.k), ("--batch", a.batch), ("--max-new", a.max_new), ("--nodes", a.nodes)):
@@ -129,6 +138,6 @@ def vllm_run_main(argv: list[str] | None = None) -> int:
     if not Path(a.model).is_dir():
         raise OilbirdError(f"--model {a.model}: not a model directory")
     result = run_arm(a.model, read_prompts(a.prompts), a.arm, a.k, a.batch, a.max_new, a.nodes, a.index,
-                     a.prefix_caching == "on", a.max_model_len, a.dtype)
+                     a.prefix_caching == "on", a.max_model_len, a.dtype, a.profile)
     atomic_write_json(a.out, result)
     return 0
