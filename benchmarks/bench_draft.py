@@ -89,6 +89,8 @@ from data.store.reader import open_store  # noqa: E402
 from data.store.schema import prompt_hash  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
+
+BENCH_ARMS = ("suffix", "lexical", ON_ARM, OFF_ARM)  # the arms timed per pool size (ArcticInference's row beside)
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
 from decoder.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
 
@@ -494,7 +496,7 @@ def main(argv=None) -> int:
     ap.add_argument("--serve", type=int, default=48, help="the last N requests are served; the others warm the pool")
     ap.add_argument("--pool-sizes", default=",".join(map(str, DEFAULT_SIZES)), help="warm pool sizes in states")
     # the published SuffixDecoding cache (a decision arm) has its own row here, `arcticinference`
-    ap.add_argument("--arms", default=",".join(a for a in DECISION_ARMS if a != "suffix-arctic-tree"))
+    ap.add_argument("--arms", default=",".join(BENCH_ARMS))
     ap.add_argument("--index", default=PoolSettings().index, help="the semantic key's index spec (data/index/stateindex.py)")
     ap.add_argument("--knn-recall-every", type=int, default=PoolSettings().knn_recall_every)
     ap.add_argument("--index-train-size", type=int, default=PoolSettings().index_train_size)

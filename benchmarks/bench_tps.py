@@ -60,6 +60,23 @@ def drafting_bands(folder: Path) -> list[dict]:
     return out
 
 
+def oracle_speedup(folder: Path, traces, cost) -> tuple[float, float]:
+    """(the arm's estimated speedup without drafting time, the same passes verifying only the nodes they accepted):
+    the headroom of the cost rule over this arm's candidates, were the accepted path known before verifying.
+    Both without drafting and update time (the replay's estimate adds them)."""
+    t = pq.read_table(folder / "cycles.parquet", columns=["request", "nodes", "accepted", "committed"]).to_pydict()
+    req, nodes, acc, com = (np.asarray(t[k]) for k in ("request", "nodes", "accepted", "committed"))
+    ar = arm = best = 0.0
+    for r, tr in enumerate(traces):
+        sel = req == r
+        past0, prefill = len(tr.prompt) - 1, float(cost.prefill_s(len(tr.prompt)))
+        ar += prefill + float(np.sum(cost.verify_s(np.zeros(len(tr.tokens)), past0 + np.arange(len(tr.tokens)))))
+        past = past0 + np.concatenate([[0], np.cumsum(com[sel])[:-1]])
+        arm += prefill + float(np.sum(cost.verify_s(nodes[sel], past)))
+        best += prefill + float(np.sum(cost.verify_s(acc[sel], past)))
+    return ar / arm, ar / best
+
+
 def verdict(ok: bool) -> str:
     return "PASS" if ok else "MISS"
 
@@ -102,6 +119,14 @@ def main(argv=None) -> int:
     f = {arm: summ for (arm, _), summ in flat.items()}
     cal = (s["oilbird"].get("drafter_stats") or {}).get("calibration") or {}
     cal_chain = (s["oilbird-chain"].get("drafter_stats") or {}).get("calibration") or {}
+    from data.store.reader import open_store
+    from decoder.profile import CostModel
+    from decoder.traces import load_traces
+
+    traces = load_traces(open_store(store_dir(a.out, a.bench, slug), load_hidden=False), a.limit, None)
+    cost = CostModel.load(profile)
+    headroom = {arm: oracle_speedup(bench_dir / "tps-vllm" / arm, traces, cost)
+                for arm in ("oilbird-fixed", "oilbird", "suffix-arctic-tree", "oilbird-chain", "suffix-arctic")}
     bands_on = drafting_bands(bench_dir / "tps-vllm" / "oilbird")
     bands_off = drafting_bands(bench_dir / "tps-vllm" / "oilbird-no-semantic")
     checks = {
@@ -113,6 +138,7 @@ def main(argv=None) -> int:
                  "ratio": f["oilbird"]["tau"]["value"] / f["oilbird-fixed"]["tau"]["value"], "target": TARGETS["flat"]},
         "ece": {"tree": {k: v["ece"] for k, v in cal.items()}, "chain": {k: v["ece"] for k, v in cal_chain.items()},
                 "target": TARGETS["ece"]},
+        "headroom": {arm: {"without_drafting": x, "verify_accepted_only": y} for arm, (x, y) in headroom.items()},
         "drafting": {"oilbird": bands_on, "oilbird-no-semantic": bands_off,
                      "mean_ratio": [x["mean_ms"] / y["mean_ms"] for x, y in zip(bands_on, bands_off)],
                      "target_p99_ms": TARGETS["p99_ms"], "target_mean_ratio": TARGETS["mean_ratio"]},
@@ -138,6 +164,9 @@ def main(argv=None) -> int:
           + ", ".join(f"{k} {v:.3f}" for k, v in c["ece"]["tree"].items() if v is not None)
           + "; chain: " + ", ".join(f"{k} {v:.3f}" for k, v in c["ece"]["chain"].items() if v is not None)
           + f" (target <= {TARGETS['ece']})")
+    for arm, (x, y) in headroom.items():
+        print(f"  headroom {arm}: {x:.3f}x without drafting time; {y:.3f}x had each pass verified only the nodes it "
+              "accepted (the accepted path known in advance)")
     for b, r in zip(bands_on, c["drafting"]["mean_ratio"]):
         print(f"  drafting, requests {b['requests'][0]}-{b['requests'][1]}: oilbird mean {b['mean_ms']:.3f} ms, "
               f"p99 {b['p99_ms']:.3f} ms, max {b['max_ms']:.2f} ms; x{r:.2f} oilbird-no-semantic's mean")

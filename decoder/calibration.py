@@ -48,8 +48,17 @@ REFRESH_LABELS = 256  # the cached estimates are recomputed after this many labe
 #                       counts are young: labels / 8); one label moves a bucket of n trials by at most 1 / n
 
 
+REGIME_EDGES = (1, 4, 12)  # a request's regime: its last pass accepted 0, 1-3, 4-11, 12+ tokens (+1; 0 = no pass yet)
+
+
 def position_bucket(position: int) -> int:
     return bisect_right(POSITION_EDGES, position)
+
+
+def regime_of(last_accepted: int | None) -> int:
+    """The request's regime for the next pass: 0 before its first verification, else 1 + the bucket of how many
+    draft tokens its last pass accepted (a request copying a long passage keeps accepting)."""
+    return 0 if last_accepted is None else 1 + bisect_right(REGIME_EDGES, last_accepted)
 
 
 def expected_calibration_error(bins: np.ndarray) -> float | None:
@@ -85,12 +94,13 @@ class NodeCalibrator:
         c = self.counts.get(key)
         return prior if c is None else (c[1] + self.m * prior) / (c[0] + self.m)
 
-    def source_p(self, source: str, feature: int, position: int) -> float:
-        """The three-level estimate (module docstring) of `source`'s node at `position` of a chain of `feature`."""
-        key = (source, position_bucket(position), feature)
+    def source_p(self, source: str, feature: int, position: int, regime: int = 0) -> float:
+        """The three-level estimate (module docstring) of `source`'s node at `position` of a chain of `feature`,
+        in the request's `regime` (how much its last pass accepted: `regime_of`)."""
+        key = (source, position_bucket(position), regime, feature)
         c = self.counts.get((source,))
         p0 = 0.5 if c is None else (c[1] + 1.0) / (c[0] + 2.0)
-        return self._rate(key, self._rate(key[:2], p0))
+        return self._rate(key, self._rate(key[:3], p0))
 
     def combined_p(self, ps: Sequence[float]) -> float:
         """The node's estimate from its sources' (one source: its own)."""
@@ -99,25 +109,25 @@ class NodeCalibrator:
         key, noisy_or = _combo(ps)
         return self._rate(key, noisy_or)
 
-    def estimate(self, evidence: Sequence[dict[str, tuple[int, int]]]) -> tuple[list[float], list]:
+    def estimate(self, evidence: Sequence[dict[str, tuple[int, int]]], regime: int = 0) -> tuple[list[float], list]:
         """(P(accepted | parent accepted) per node, per node its sources' estimates in evidence order: a float for
-        a node of one source, a tuple for several)."""
+        a node of one source, a tuple for several), in the request's `regime`."""
         cache, source_p = self._cache, self.source_p
         probs, detail = [], []
         for ev in evidence:
             if len(ev) == 1:
                 for s, (f, pos) in ev.items():
-                    q = cache.get((s, f, pos))
+                    q = cache.get((s, f, pos, regime))
                     if q is None:
-                        q = cache[(s, f, pos)] = source_p(s, f, pos)
+                        q = cache[(s, f, pos, regime)] = source_p(s, f, pos, regime)
                 probs.append(q)
                 detail.append(q)
                 continue
             qs = []
             for s, (f, pos) in ev.items():
-                q = cache.get((s, f, pos))
+                q = cache.get((s, f, pos, regime))
                 if q is None:
-                    q = cache[(s, f, pos)] = source_p(s, f, pos)
+                    q = cache[(s, f, pos, regime)] = source_p(s, f, pos, regime)
                 qs.append(q)
             probs.append(self.combined_p(qs) if qs else 0.0)
             detail.append(tuple(qs))
@@ -125,9 +135,9 @@ class NodeCalibrator:
 
     # ------------------------------------------------------------ learning
     def observe(self, evidence: Sequence[dict[str, tuple[int, int]]], probs: Sequence[float], detail: Sequence,
-                labels: dict[int, bool]) -> None:
+                labels: dict[int, bool], regime: int = 0) -> None:
         """Score, then learn, the labelled nodes (`labels`: node -> accepted) of a draft that `estimate` priced
-        (its evidence, the probabilities and detail it returned)."""
+        (its evidence, the probabilities and detail it returned, the regime it was priced in)."""
         counts = self.counts
         for node, accepted in labels.items():
             y = 1.0 if accepted else 0.0
@@ -136,7 +146,7 @@ class NodeCalibrator:
             for (source, (f, pos)), q in zip(evidence[node].items(), qs):
                 self._score(source, q, y)
                 pb = position_bucket(pos)
-                for key in ((source,), (source, pb), (source, pb, f)):
+                for key in ((source,), (source, pb, regime), (source, pb, regime, f)):
                     c = counts.get(key)
                     if c is None:
                         c = counts[key] = [0.0, 0.0]

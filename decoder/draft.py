@@ -54,26 +54,29 @@ class Draft:
         self._children[(int(parent), int(token))] = node
         return node
 
-    def add_chain(self, chain: Sequence[int], source: str, budget: int, attach: int = ROOT, feature: int = 0) -> int:
+    def add_chain(self, chain: Sequence[int], source: str, budget: int, attach: int = ROOT,
+                  feature: int | Sequence[int] = 0) -> int:
         """Merge `chain` below `attach`, walking existing nodes first; new nodes stop at `budget` total.
 
         Returns the number of new nodes (cost = |chain| - longest prefix already present, capped
         by the budget). Nodes walked through are credited to `source` as well; every node of the chain
         records (feature, its position in the chain) as `source`'s evidence (the first record of a source
-        on a node is kept).
+        on a node is kept); `feature` is one for the chain or one per token.
         """
         children, sources, tokens, evidence = self._children, self.sources, self.tokens, self.evidence
+        per_token = not isinstance(feature, int)
         node, added = attach, 0
         for position, tok in enumerate(chain):  # this loop runs on every pass
+            f = feature[position] if per_token else feature
             nxt = children.get((node, tok))  # a numpy integer hashes and compares as its int
             if nxt is None:
                 if len(tokens) >= budget:
                     break
-                nxt = self.add_node(node, tok, source, feature, position)
+                nxt = self.add_node(node, tok, source, f, position)
                 added += 1
             else:
                 sources[nxt].add(source)
-                evidence[nxt].setdefault(source, (feature, position))
+                evidence[nxt].setdefault(source, (f, position))
             node = nxt
         return added
 

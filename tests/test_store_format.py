@@ -287,7 +287,7 @@ def test_each_fallback_reads_a_format1_store(fallback, version_known, monkeypatc
     if fallback is legacy_mod._read_with_polars and not hasattr(pl, "Float16"):
         pytest.skip(f"polars {pl.__version__} cannot read float16 Parquet columns")
     _break_pyarrow(monkeypatch, version_known)
-    monkeypatch.setattr(migrate_mod, "FALLBACKS", (fallback,))
+    monkeypatch.setattr(legacy_mod, "FALLBACKS", (fallback,))
     assert_same_store(open_store(old_store), open_store(new_store))
 
 
@@ -298,7 +298,7 @@ def test_unreadable_format1_store_is_one_line_naming_migrate(version_known, monk
     def fails(data):
         raise ValueError("cannot")
 
-    monkeypatch.setattr(migrate_mod, "FALLBACKS", (fails, fails))
+    monkeypatch.setattr(legacy_mod, "FALLBACKS", (fails, fails))
     with pytest.raises(OilbirdError) as e:
         open_store(old_store)
     msg = str(e.value)
@@ -310,7 +310,7 @@ def test_unreadable_format1_store_is_one_line_naming_migrate(version_known, monk
 
 def test_format2_store_never_needs_a_fallback(monkeypatch, new_store):
     _break_pyarrow(monkeypatch, version_known=True)
-    monkeypatch.setattr(migrate_mod, "FALLBACKS", ())
+    monkeypatch.setattr(legacy_mod, "FALLBACKS", ())
     assert verify_store(new_store).startswith("OK")
 
 

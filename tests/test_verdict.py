@@ -140,7 +140,8 @@ def test_malformed_numbers_count_as_missing(bad):
 
 def test_policy_arms():
     assert (ON_ARM, OFF_ARM) == ("oilbird", "oilbird-no-semantic")
-    assert DECISION_ARMS == ("suffix", "suffix-arctic-tree", "lexical", "oilbird", "oilbird-no-semantic")
+    assert DECISION_ARMS == ("suffix", "suffix-arctic-tree", "lexical", "oilbird", "oilbird-no-semantic",
+                             "oilbird-fixed", "oilbird-no-semantic-fixed")
     assert LEXICAL_ARMS == ("suffix", "suffix-arctic-tree", "suffix-arctic", "sam", "lexical", "recycling", "pld")
     assert TARGET_RULE == ("tau(oilbird) ≥ 1.25× the best lexical arm's, with the paired 95% interval's lower end "
                            "above 1")

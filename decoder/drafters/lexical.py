@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from decoder.draft import Draft
-from decoder.drafters.features import match_feature, rank_feature
+from decoder.drafters.features import automaton_features, rank_feature
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.sam import AutomatonIndex, AutomatonPoolDrafter, automaton_chains
 
@@ -35,11 +35,13 @@ class LexicalConfig:
 
 
 def build_lexical(index: AutomatonIndex, table: AdjacencyTable, budget: int, config: LexicalConfig,
-                  chains: tuple[list[int], list[list[int]]] | None = None, match: int = 0) -> Draft:
+                  chains: tuple[list[int], list[list[int]]] | None = None, match: int = 0,
+                  support: Sequence[list[tuple[int, int]]] | None = None) -> Draft:
     """Spine, then frequency branches, then adjacency expansion, merged from the root under `budget`.
 
     `chains`: the (spine, branches) of `automaton_chains` when the caller already has them, `match` the
-    spine's match length (its evidence, decoder/drafters/features.py)."""
+    spine's match length and `support` the support of every token of the spine and each branch
+    (`sam.automaton_match_support`): their evidence (decoder/drafters/features.py)."""
     draft = Draft()
     if budget <= 0:
         return draft
@@ -48,11 +50,13 @@ def build_lexical(index: AutomatonIndex, table: AdjacencyTable, budget: int, con
                                                                            c.branch_max)
     automaton_budget = max(0, budget - c.adjacency_reserve)
     if spine:
-        draft.add_chain(spine, SPINE, automaton_budget, feature=match_feature(match))
+        draft.add_chain(spine, SPINE, automaton_budget,
+                        feature=automaton_features(match, 0, support[0]) if support else 0)
     for rank, chain in enumerate(branches):
         if len(draft) >= automaton_budget:
             break
-        draft.add_chain(chain, BRANCH, automaton_budget, feature=rank_feature(rank))
+        feature = automaton_features(match, 1 + rank, support[1 + rank]) if support else rank_feature(rank)
+        draft.add_chain(chain, BRANCH, automaton_budget, feature=feature)
     parents, ranks = default_template(budget)
     draft.merge(table.expand(index.anchor(), parents, ranks, budget, ADJACENCY), budget)
     return draft

@@ -44,9 +44,9 @@ from typing import Hashable, Sequence
 import numpy as np
 
 from data.store.schema import prompt_hash as hash_prompt
-from decoder.calibration import NodeCalibrator, accepted_labels
+from decoder.calibration import NodeCalibrator, accepted_labels, regime_of
 from decoder.draft import ROOT, Draft, Drafter, best_chain, subtree
-from decoder.drafters.features import rank_feature, semantic_feature
+from decoder.drafters.features import automaton_features, rank_feature, semantic_feature
 from decoder.drafters.keygate import RequestPatience, SelfCalibration
 from decoder.drafters.lexical import BRANCH, LexicalConfig, build_lexical
 from decoder.drafters.oilbird_config import (
@@ -59,7 +59,7 @@ from decoder.drafters.oilbird_config import (
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.rollouts import RejectedPool, rejected_records
-from decoder.drafters.sam import AutomatonIndex, automaton_match
+from decoder.drafters.sam import AutomatonIndex, automaton_match_support
 from decoder.drafters.semantic import RANK_DEPTHS, SemanticPool, ngram_continuation
 from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
 from decoder.sizing import StepCost, path_probs, select_chain, select_tree
@@ -177,6 +177,8 @@ class OilbirdDrafter(Drafter):
         self._detail: list = []  # ... the estimates behind their prices
         self._kept: list[int] = []  # ... the candidates verified, in the verified draft's order
         self._match, self._key_cosine = 0, 0.0  # this pass's automaton match length and key's best cosine
+        self._shares: list = []  # ... the support of every token of the spine and of each branch (sam.chain_support)
+        self._last_accepted: int | None = None  # draft tokens this request's last pass accepted (None: no pass yet)
         self.tally = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
                              rollout_time_s=0.0, host_pool_queries=0, host_pool_chains=0, host_pool_time_s=0.0,
@@ -225,11 +227,12 @@ class OilbirdDrafter(Drafter):
         self.pool.exclude(h)
         self.h_t = self._first_state = None
         self._selected = None
+        self._last_accepted = None
         self._bought = set()
         self.patience.begin()
 
     REQUEST_FIELDS = ("h_t", "_first_state", "_prompt_hash", "_serial", "_bought", "_selected", "ngrams", "_cand",
-                      "_detail", "_kept")
+                      "_detail", "_kept", "_last_accepted")
 
     def suspend_request(self) -> dict:
         """This request's state (contract: decoder/draft.py), so that another request can run between
@@ -269,7 +272,7 @@ class OilbirdDrafter(Drafter):
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
             return self.table.expand(anchor, parents, ranks, budget, "recycling"), has_adjacency
         lex = LexicalConfig(spine_max=c.spine_max, branch_top=c.branch_top, branch_max=c.branch_max)
-        return (build_lexical(self.index, self.table, budget, lex, chains, self._match),
+        return (build_lexical(self.index, self.table, budget, lex, chains, self._match, self._shares),
                 bool(chains[0]) and has_adjacency)
 
     def _has_adjacency(self, anchor: int) -> bool:
@@ -399,7 +402,7 @@ class OilbirdDrafter(Drafter):
                 return cand
             kept = best_chain(cand, c.chain)
         else:
-            cand.probs, self._detail = self.calibrator.estimate(cand.evidence)
+            cand.probs, self._detail = self.calibrator.estimate(cand.evidence, regime_of(self._last_accepted))
             self._cand = cand
             path = path_probs(cand.parents, cand.probs)
             cap = c.chain if c.chain > 0 else len(cand)
@@ -427,9 +430,12 @@ class OilbirdDrafter(Drafter):
             return Draft()
         match, chains = 0, None
         if self.index is not None:
-            match, spine, branches = automaton_match(self.index, c.spine_max, c.branch_top, c.branch_max)
+            match, spine, branches, shares = automaton_match_support(self.index, c.spine_max, c.branch_top,
+                                                                     c.branch_max)
             chains = (spine, branches)
-        self._match, self._key_cosine = match, 0.0
+        else:
+            shares = []
+        self._match, self._shares, self._key_cosine = match, shares, 0.0
         if c.one_source:
             return self._one_source(context, budget, chains, match)
         reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
@@ -447,7 +453,8 @@ class OilbirdDrafter(Drafter):
         if pooled:
             candidates.append((pooled, POOL, 0))
         if chains is not None:
-            candidates += [(g, BRANCH, rank_feature(r)) for r, g in enumerate(chains[1])]
+            candidates += [(g, BRANCH, automaton_features(self._match, 1 + r, self._shares[1 + r]))
+                           for r, g in enumerate(chains[1])]
         candidates += [(g, ROLLOUT, rank_feature(r)) for r, g in enumerate(self._rollouts(int(context[-1])))]
         candidates += [([t], ROOT_BRANCH, rank_feature(r)) for r, t in enumerate(self._root_branches(int(context[-1])))]
         start = len(draft)
@@ -497,8 +504,9 @@ class OilbirdDrafter(Drafter):
             for i in result.accepted_nodes:
                 next_token[kept[i]] = int(result.argmax[1 + i])
             self.calibrator.observe(cand.evidence, cand.probs, self._detail,
-                                    accepted_labels(cand.parents, cand.tokens, next_token))
+                                    accepted_labels(cand.parents, cand.tokens, next_token), regime_of(self._last_accepted))
             self._cand = None
+        self._last_accepted = len(result.accepted_nodes)
         if self.table is not None:
             self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
             self._adjacency_memo = None

@@ -240,18 +240,44 @@ def automaton_match(index: AutomatonIndex, spine_max: int = 32, branch_top: int 
     continuations (ties go to the request), the branches are the most frequent next tokens at that
     match's state, and the length is that match's (the suffix of the context the spine continues;
     0 when there is no spine). SAM-Decoding's rule reads the length (oilbird's one_source)."""
+    return automaton_match_support(index, spine_max, branch_top, branch_max)[:3]
+
+
+def automaton_match_support(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
+                            branch_max: int = 32) -> tuple[int, Chain, list[Chain], list[list[tuple[int, int]]]]:
+    """`automaton_match` and the support of every token of its chains (`chain_support`: the spine's, then each
+    branch's): the evidence of their node probabilities (decoder/drafters/features.py)."""
     r_state, r_len, r_cont = request_spine(index, spine_max)
     p_state, p_len, p_cont = pool_spine(index, spine_max)
     if not r_cont and not p_cont:
-        return 0, [], []
+        return 0, [], [], []
     if r_cont and r_len >= p_len:
-        req = index.request
-        branches = frequent_branches(req, r_state, req.count.__getitem__, index.request_occurrence,
-                                     branch_top, branch_max, skip=r_cont[0])
-        return r_len, r_cont, branches
-    branches = frequent_branches(index.pool, p_state, index.pool_count, index.pool_occurrence,
-                                 branch_top, branch_max, skip=p_cont[0])
-    return p_len, p_cont, branches
+        sam, state, count, occurrence, length, spine = (index.request, r_state, index.request.count.__getitem__,
+                                                         index.request_occurrence, r_len, r_cont)
+    else:
+        sam, state, count, occurrence, length, spine = index.pool, p_state, index.pool_count, index.pool_occurrence, \
+            p_len, p_cont
+    branches = frequent_branches(sam, state, count, occurrence, branch_top, branch_max, skip=spine[0])
+    return length, spine, branches, [chain_support(sam, state, count, c) for c in [spine, *branches]]
+
+
+def chain_support(sam: SuffixAutomaton, state: int, count: Callable[[int], int], chain: Chain) -> list[tuple[int, int]]:
+    """Per token of `chain` copied after the match `state`: (occurrences of the match extended through that token,
+    occurrences of the match extended through the tokens before it), walking the automaton: the counts a suffix
+    tree gives SuffixDecoding, whose ratio estimates each token's probability. Past the first token the
+    automaton has not seen, (0, 0)."""
+    out = []
+    cur, n_cur = state, count(state)
+    for tok in chain:
+        nxt = sam.next[cur].get(tok) if cur >= 0 else None
+        if nxt is None:
+            out.append((0, n_cur))
+            cur, n_cur = -1, 0
+            continue
+        n_next = count(nxt)
+        out.append((n_next, n_cur))
+        cur, n_cur = nxt, n_next
+    return out
 
 
 def automaton_chains(index: AutomatonIndex, spine_max: int = 32, branch_top: int = 3,
