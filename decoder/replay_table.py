@@ -6,6 +6,7 @@ along the accepted path the key's gain lands."""
 from __future__ import annotations
 
 from decoder.passes import DEPTH_ROWS
+from decoder.policy import FORM_PAIRS, ON_ARM, engine_form
 
 
 def _fmt_iv(v, iv, digits=2, pct=False) -> str:
@@ -61,14 +62,18 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
             lines.append(f"paired gain {arm} / {g['versus']} (nodes {nodes}): tau x{_fmt_iv(g['tau_ratio'], g['interval'], 3)}"
                          + (f", est. speedup x{_fmt_iv(g['speedup_ratio'], g['speedup_interval'], 3)}"
                             if g.get("speedup_ratio") is not None else ""))
-    on = next((s for (arm, _), s in summaries.items() if arm == "oilbird" and s.get("paired_gain")), None)
+    # the verdict in the form the profile's engine verifies (decoder/policy.py): oilbird-chain for vLLM, else oilbird
+    engine = next((s["estimate"].get("engine") for s in summaries.values() if s.get("estimate")), None)
+    names = [FORM_PAIRS[engine_form(engine)][0], ON_ARM]
+    on = next((s for name in names for (arm, _), s in summaries.items() if arm == name and s.get("paired_gain")), None)
     if on is not None:
         from decoder.verdict import verdict
 
         off = summaries.get((on["paired_gain"]["versus"], on["nodes"])) or {}
         share = on.get("sole_source_share") or {}
         v = verdict(share.get("value"), share.get("interval"), on["paired_gain"]["interval"],
-                    (on.get("estimate") or {}).get("speedup"), (off.get("estimate") or {}).get("speedup"))
+                    (on.get("estimate") or {}).get("speedup"), (off.get("estimate") or {}).get("speedup"),
+                    on["arm"], on["paired_gain"]["versus"])
         lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
         lines.append(f"rule: {v.rule}")
         if on.get("by_depth") and off.get("by_depth"):

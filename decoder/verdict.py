@@ -34,12 +34,17 @@ from decoder.policy import ENABLE_SHARE, OFF_ARM, OFF_SHARE, ON_ARM, SPEED_MARGI
 
 DECISIONS = ("enable", "neutral", "leave off")
 
-RULE = (f"Enable the semantic source when the sole-source share of {ON_ARM} (accepted tokens only the semantic "
-        f"source proposed, over all committed tokens) is at least {100 * ENABLE_SHARE:g}%, the paired tau gain of "
-        f"{ON_ARM} over {OFF_ARM} has its 95% interval entirely above 1 and, when both estimated speedups "
-        f"are known, {ON_ARM}'s is the higher; leave it off when the share is below {100 * OFF_SHARE:g}%, or the "
-        f"gain's interval lies entirely below 1, or {ON_ARM}'s estimated speedup is below {OFF_ARM}'s "
-        f"divided by {SPEED_MARGIN:g}; otherwise neutral.")
+def rule_text(on: str = ON_ARM, off: str = OFF_ARM) -> str:
+    """The rule in one sentence, for the pair `on` / `off` (the form the engine verifies: decoder/policy.py)."""
+    return (f"Enable the semantic source when the sole-source share of {on} (accepted tokens only the semantic "
+            f"source proposed, over all committed tokens) is at least {100 * ENABLE_SHARE:g}%, the paired tau gain "
+            f"of {on} over {off} has its 95% interval entirely above 1 and, when both estimated speedups "
+            f"are known, {on}'s is the higher; leave it off when the share is below {100 * OFF_SHARE:g}%, or the "
+            f"gain's interval lies entirely below 1, or {on}'s estimated speedup is below {off}'s "
+            f"divided by {SPEED_MARGIN:g}; otherwise neutral.")
+
+
+RULE = rule_text()
 
 
 @dataclass(frozen=True)
@@ -73,13 +78,15 @@ def _line(v: float) -> str:
     return f"{100 * v:g}%"
 
 
-def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=None) -> Verdict:
+def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=None, on_arm: str = ON_ARM,
+            off_arm: str = OFF_ARM) -> Verdict:
     """The decision for the semantic source (see the module docstring for the rule, stated exactly).
 
     share: sole-source share of oilbird (a fraction, over all committed tokens); share_interval: its
     95% interval (reported, not used by the rule); gain_interval: the 95% interval of the paired tau
     ratio oilbird / oilbird-no-semantic; speedup_on / speedup_off: the speedups over plain greedy of
-    oilbird and oilbird-no-semantic (both, or the speed conditions are skipped).
+    oilbird and oilbird-no-semantic (both, or the speed conditions are skipped); `on_arm` / `off_arm`: the
+    pair's names (oilbird-chain / oilbird-no-semantic-chain where the engine verifies chains).
     """
     share, siv, giv = _num(share), _interval(share_interval), _interval(gain_interval)
     on, off = _num(speedup_on), _num(speedup_off)
@@ -88,7 +95,7 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
     enable_why: list[str] = []  # conditions for "enable" that hold
 
     if share is None:
-        not_enable.append(f"no sole-source share for {ON_ARM}: cannot enable")
+        not_enable.append(f"no sole-source share for {on_arm}: cannot enable")
     else:
         txt = f"sole-source share {_pct(share)}" + (f" (95% interval {_pct(siv[0]).rstrip('%')}–{_pct(siv[1])})"
                                                     if siv else "")
@@ -102,9 +109,9 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
 
     if giv is None:
         what = "no paired tau gain interval" if gain_interval is None else "the paired tau gain interval is not valid"
-        not_enable.append(f"{what} ({ON_ARM} / {OFF_ARM}): cannot enable")
+        not_enable.append(f"{what} ({on_arm} / {off_arm}): cannot enable")
     else:
-        txt = f"paired tau gain over {OFF_ARM}, 95% interval {giv[0]:.3f}–{giv[1]:.3f}"
+        txt = f"paired tau gain over {off_arm}, 95% interval {giv[0]:.3f}–{giv[1]:.3f}"
         if giv[1] < 1:
             off_why.append(f"{txt}, entirely below 1")
         elif giv[0] <= 1:
@@ -124,11 +131,12 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
             enable_why.append(f"{txt}: faster")
     else:
         missing = "neither speedup" if on is None and off is None else (
-            f"no speedup for {ON_ARM}" if on is None else f"no speedup for {OFF_ARM}")
+            f"no speedup for {on_arm}" if on is None else f"no speedup for {off_arm}")
         notes.append(f"speed condition skipped ({missing} given)")
 
     if off_why:  # the decisive numbers first, then the rest for context
-        return Verdict("leave off", RULE, off_why + not_enable + enable_why + notes)
+        return Verdict("leave off", rule_text(on_arm, off_arm), off_why + not_enable + enable_why + notes)
     if not_enable:
-        return Verdict("neutral", RULE, [f"kept from enable: {r}" for r in not_enable] + enable_why + notes)
-    return Verdict("enable", RULE, enable_why + notes)
+        return Verdict("neutral", rule_text(on_arm, off_arm),
+                       [f"kept from enable: {r}" for r in not_enable] + enable_why + notes)
+    return Verdict("enable", rule_text(on_arm, off_arm), enable_why + notes)

@@ -8,7 +8,7 @@ not a finite number.
 
 from __future__ import annotations
 
-from decoder.policy import ON_ARM
+from decoder.policy import FORM_PAIRS, ON_ARM, engine_form
 from decoder.reference import REFERENCE_ARM, STATIC_ARM
 from reports.htmlkit import esc, finite, gain_text, interval, number, table, with_iv
 from reports.results import DECISION_NODES, Arm, Result
@@ -25,6 +25,18 @@ def as_dict(v) -> dict:
 
 def named(arms: list[Arm], name: str) -> Arm | None:
     return next((a for a in arms if a.name == name), None)
+
+
+def form_pair(result: Result) -> tuple[str, str, str, str]:
+    """(engine, form, key-on arm, key-off arm) the replay decides in: the engine its estimates were priced on
+    (harness when none says), the form that engine verifies (decoder/policy.py), and that form's pair when its
+    key-on arm was replayed, else the tree's (oilbird, oilbird-no-semantic)."""
+    engine = next((e for e in (estimate(a).get("engine") for a in result.replay) if isinstance(e, str) and e),
+                  "harness")
+    form = engine_form(engine)
+    if named(result.replay, FORM_PAIRS[form][0]) is None:
+        form = "tree"
+    return (engine, form, *FORM_PAIRS[form])
 
 
 def tau_of(summary: dict):

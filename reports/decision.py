@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM, engine_form
+from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
 from decoder.verdict import Verdict, verdict
 from reports import charts
 from reports.arms import (
@@ -21,6 +21,7 @@ from reports.arms import (
     estimate,
     exact_notes,
     fastest_arm,
+    form_pair,
     live_speedup,
     named,
     nodes_table,
@@ -68,25 +69,12 @@ class Decision:
     form: str = "tree"  # the form of draft that engine verifies, which the verdict compares in
 
 
-def replay_engine(result: Result) -> str:
-    """The engine the replay's estimates were priced on (the profile's), harness when none says."""
-    for arm in result.replay:
-        engine = estimate(arm).get("engine")
-        if isinstance(engine, str) and engine:
-            return engine
-    return "harness"
-
-
 def decide(result: Result) -> Decision | None:
     """The verdict from the replay (strictly-past pool), in the form the replay's engine verifies (chains for
     vLLM: oilbird-chain against oilbird-no-semantic-chain; trees: oilbird against oilbird-no-semantic) when it
     ran that form's key-on arm (else the tree's), else from the live decoder's sole-source share (no paired
     gain: never "enable"), else None."""
-    engine = replay_engine(result)
-    form = engine_form(engine)
-    on_name, off_name = FORM_PAIRS[form]
-    if named(result.replay, on_name) is None:
-        form, (on_name, off_name) = "tree", FORM_PAIRS["tree"]
+    engine, form, on_name, off_name = form_pair(result)
     on = named(result.replay, on_name)
     if on is not None:
         peers = result.replay_nodes.get(on.nodes, []) if on.nodes is not None else []
@@ -98,7 +86,7 @@ def decide(result: Result) -> Decision | None:
         if gain.get("versus", off_name) != off_name:
             gain = {}
         v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), est_speedup(on),
-                    est_speedup(off) if off is not None else None)
+                    est_speedup(off) if off is not None else None, on_name, off_name)
         return Decision("replay", v, on, off, gain, engine, form)
     arms = share_arms(result)
     if not arms:

@@ -17,6 +17,7 @@ from reports.arms import (
     as_dict,
     exact_notes,
     exact_text,
+    form_pair,
     interval_ends,
     named,
     replay_table,
@@ -156,10 +157,11 @@ def comparison_section(result: Result) -> str:
 def sources_section(result: Result) -> str:
     """Per-source acceptance of the replayed oilbird: drafted nodes, accepted tokens, acceptance rate; its
     sole-source shares; the drafter's counters."""
-    sid, title = "sources", f"Where {ON_ARM}'s accepted tokens come from (replay)"
-    on = named(result.replay, ON_ARM)
+    on_name = form_pair(result)[2]  # oilbird, or oilbird-chain where the engine verifies chains
+    sid, title = "sources", f"Where {on_name}'s accepted tokens come from (replay)"
+    on = named(result.replay, on_name)
     if on is None:
-        return section(sid, title, not_available(f"no replay of {ON_ARM} (run `{replay_command(result)}`)"))
+        return section(sid, title, not_available(f"no replay of {on_name} (run `{replay_command(result)}`)"))
     s = on.summary
     acc, drafted, rate = (as_dict(s.get(k)) for k in ("accepted_by_source", "drafted_by_source",
                                                      "acceptance_rate_by_source"))

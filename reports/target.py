@@ -21,7 +21,7 @@ from decoder.policy import (
     target_interval,
     target_status,
 )
-from reports.arms import as_dict, est_speedup, named, tau_of
+from reports.arms import as_dict, est_speedup, form_pair, named, tau_of
 from reports.htmlkit import esc, finite, not_available, number
 from reports.results import ABLATIONS_COMMAND, Arm, Result
 
@@ -66,11 +66,12 @@ def comparison(result: Result) -> Comparison | None:
         nodes, requests = abl.meta.get("nodes"), abl.meta.get("requests")
         return Comparison("ablations.json", abl.merged, abl.headline, nodes if finite(nodes) else None,
                         requests if finite(requests) else None)
-    on = named(result.replay, ON_ARM)
+    on_name = form_pair(result)[2]  # the form the engine verifies: oilbird's tree, or its chain for vLLM
+    on = named(result.replay, on_name)
     arms = [a for a in result.replay if a.name in LEXICAL_ARMS and (on is None or a.nodes == on.nodes)]
     if on is None and not arms:
         return None
-    on_row = _replay_row(on, f"merged ({ON_ARM})") if on is not None else None
+    on_row = _replay_row(on, f"merged ({on_name})") if on is not None else None
     rows = []
     for a in sorted(arms, key=lambda a: LEXICAL_ARMS.index(a.name)):
         row = _replay_row(a, BASELINE_LABELS.get(a.name, a.name))
@@ -97,6 +98,7 @@ class Target:
     considered: list[str]  # the lexical arms compared
     source: str  # as Comparison.source
     file_says: bool | None  # ablations.json's own target_met, when the numbers came from it
+    on_arm: str = ON_ARM  # the merged arm held to the line (oilbird-chain where the engine verifies chains)
 
 
 def target(result: Result, h: Comparison | None = None) -> Target | None:
@@ -125,7 +127,8 @@ def target(result: Result, h: Comparison | None = None) -> Target | None:
         return None
     return Target(best["arm"], arm_tau, on_tau, float(ratio), target_interval(iv), target_status(ratio, iv),
                   sorted(r["arm"] for r in lex),
-                  h.source, abl.target_met if h.source == "ablations.json" and abl is not None else None)
+                  h.source, abl.target_met if h.source == "ablations.json" and abl is not None else None,
+                  (h.on or {}).get("arm") or ON_ARM)
 
 
 TARGET_CSS = {"met": "enable", "not met": "off", "not established": "neutral"}
@@ -156,7 +159,7 @@ def target_text(t: Target) -> str:
     elif t.file_says is not None and t.status == "not established":
         disagree = f" ({ABLATIONS_FILE} says target_met = {str(t.file_says).lower()}.)"
     return (f'<div class="callout {TARGET_CSS[t.status]} target"><p>Against the best lexical arm (of '
-            f"{esc(among)}; from {esc(where)}): <strong>{ON_ARM}</strong> tau {number(t.on_tau, '2f')} vs "
+            f"{esc(among)}; from {esc(where)}): <strong>{esc(t.on_arm)}</strong> tau {number(t.on_tau, '2f')} vs "
             f"<strong>{esc(t.arm)}</strong> {number(t.arm_tau, '2f')}, <strong>{t.ratio:.3f}×</strong>{iv}{short}."
             f"</p>\n<p>Target, {esc(TARGET_RULE)}: <strong>{esc(t.status)}</strong> ({esc(why)}).{esc(disagree)}</p>"
             "</div>")
