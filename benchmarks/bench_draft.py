@@ -69,19 +69,12 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/tiling.py, also when imported by a test
 
 from draft_arctic import ARCTIC, ARCTIC_SETTINGS, ArcticDrafter, load_arctic  # noqa: E402
-from draft_report import (  # noqa: E402
-    format_table,
-    format_targets,
-    format_whole,
-    ms_distribution,
-    ms_text,
-)
+from draft_report import format_table, format_targets, format_whole, ms_distribution, ms_text  # noqa: E402
 from draft_rounds import BEFORE_ARM, whole_store, whole_store_targets  # noqa: E402
 from tiling import Disguise, make_disguise, noise_scale, store_vocab  # noqa: E402
 
 from data.errors import OilbirdError, cli_entry  # noqa: E402
-from data.index.knnrecall import DEFINITION as RECALL_DEFINITION  # noqa: E402
-from data.index.knnrecall import TIE_TOLERANCE, kth_largest, recall_hits  # noqa: E402
+from data.index.knnrecall import DEFINITION as RECALL_DEFINITION, TIE_TOLERANCE, kth_largest, recall_hits  # noqa: E402
 from data.index.stateindex import unit  # noqa: E402
 from data.store.files import atomic_write_json  # noqa: E402
 from data.store.layout import bench_dir, model_slug, store_dir  # noqa: E402
@@ -89,10 +82,10 @@ from data.store.reader import open_store  # noqa: E402
 from data.store.schema import prompt_hash  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
-
-BENCH_ARMS = ("suffix", "lexical", ON_ARM, OFF_ARM)  # the arms timed per pool size (ArcticInference's row beside)
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
 from decoder.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
+
+BENCH_ARMS = ("suffix", "lexical", ON_ARM, OFF_ARM)  # the arms timed per pool size (ArcticInference's row beside)
 
 DEFAULT_SIZES = (4096, 16384, 65536, 262144, 1048576)
 TARGET_QUERY_MS = {65536: 0.3, 1048576: 1.0}  # pool states -> the key's median query time, ms

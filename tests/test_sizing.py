@@ -186,3 +186,38 @@ def test_ece_against_a_direct_computation():
     merged = merge_summaries([summary, summary])
     assert merged["spine"]["labels"] == 600 and merged["spine"]["ece"] == pytest.approx(summary["spine"]["ece"])
     assert expected_calibration_error(np.zeros((ECE_BINS, 3))) is None
+
+
+# ------------------------------------------------------------------ the automaton's support (node evidence)
+
+def _naive_occurrences(seqs, pattern) -> int:
+    n = len(pattern)
+    return sum(1 for s in seqs for i in range(len(s) - n + 1) if list(s[i:i + n]) == list(pattern))
+
+
+def test_chain_support_counts_every_extension_against_brute_force():
+    from data.index.automaton import SuffixAutomaton
+    from decoder.drafters.features import automaton_features, support_bucket
+    from decoder.drafters.sam import chain_support
+
+    rng = np.random.default_rng(3)
+    seqs = [rng.integers(0, 4, 40).tolist() for _ in range(5)]
+    sam = SuffixAutomaton()
+    for s in seqs:
+        sam.add_sequence(s)
+    count = sam.count.__getitem__
+    for _ in range(50):
+        s = seqs[int(rng.integers(0, 5))]
+        i = int(rng.integers(0, 30))
+        match, chain = s[i:i + 3], s[i + 3:i + 9] + [7]  # 7 never occurs: the walk leaves the automaton there
+        got = chain_support(sam, sam.state_of(match), count, chain)
+        want, before = [], _naive_occurrences(seqs, match)
+        for j in range(len(chain)):
+            n = _naive_occurrences(seqs, match + chain[:j + 1])
+            want.append((n, before))
+            before = n
+        assert got == want
+    # the feature: no occurrence -> 0; otherwise share and count buckets, above the chain's match and rank
+    assert support_bucket(0, 5) == 0 and support_bucket(5, 5) == 1 + 3 * 4 + 2 and support_bucket(1, 9) == 1
+    assert automaton_features(1, 0, [(5, 5), (0, 5)]) == [15, 0]
+    assert automaton_features(40, 2, [(1, 1)]) == [17 * (2 * 5 + 2) + 1 + 3 * 4]  # long match, rank 2, share 1

@@ -177,7 +177,7 @@ class OilbirdDrafter(Drafter):
         self._detail: list = []  # ... the estimates behind their prices
         self._kept: list[int] = []  # ... the candidates verified, in the verified draft's order
         self._match, self._key_cosine = 0, 0.0  # this pass's automaton match length and key's best cosine
-        self._shares: list = []  # ... the support of every token of the spine and of each branch (sam.chain_support)
+        self._support: list = []  # ... the support of every token of the spine and of each branch (sam.chain_support)
         self._last_accepted: int | None = None  # draft tokens this request's last pass accepted (None: no pass yet)
         self.tally = dict(passes=0, gated=0, key_queries=0, key_fired=0, key_chains=0, key_nodes=0,
                              key_buying_passes=0, key_hits=0, rollout_chains=0, semantic_time_s=0.0,
@@ -272,7 +272,7 @@ class OilbirdDrafter(Drafter):
             parents, ranks = default_template(budget) if budget > 0 else ((), ())
             return self.table.expand(anchor, parents, ranks, budget, "recycling"), has_adjacency
         lex = LexicalConfig(spine_max=c.spine_max, branch_top=c.branch_top, branch_max=c.branch_max)
-        return (build_lexical(self.index, self.table, budget, lex, chains, self._match, self._shares),
+        return (build_lexical(self.index, self.table, budget, lex, chains, self._match, self._support),
                 bool(chains[0]) and has_adjacency)
 
     def _has_adjacency(self, anchor: int) -> bool:
@@ -430,12 +430,12 @@ class OilbirdDrafter(Drafter):
             return Draft()
         match, chains = 0, None
         if self.index is not None:
-            match, spine, branches, shares = automaton_match_support(self.index, c.spine_max, c.branch_top,
+            match, spine, branches, support = automaton_match_support(self.index, c.spine_max, c.branch_top,
                                                                      c.branch_max)
             chains = (spine, branches)
         else:
-            shares = []
-        self._match, self._shares, self._key_cosine = match, shares, 0.0
+            support = []
+        self._match, self._support, self._key_cosine = match, support, 0.0
         if c.one_source:
             return self._one_source(context, budget, chains, match)
         reserve = budget if c.host == "none" else min(budget, max(0, c.retrieval_budget))
@@ -453,7 +453,7 @@ class OilbirdDrafter(Drafter):
         if pooled:
             candidates.append((pooled, POOL, 0))
         if chains is not None:
-            candidates += [(g, BRANCH, automaton_features(self._match, 1 + r, self._shares[1 + r]))
+            candidates += [(g, BRANCH, automaton_features(self._match, 1 + r, self._support[1 + r]))
                            for r, g in enumerate(chains[1])]
         candidates += [(g, ROLLOUT, rank_feature(r)) for r, g in enumerate(self._rollouts(int(context[-1])))]
         candidates += [([t], ROOT_BRANCH, rank_feature(r)) for r, t in enumerate(self._root_branches(int(context[-1])))]
