@@ -120,19 +120,24 @@ class Draft:
         return [self.tokens[i] for i in self.path_to(node)]
 
 
-def best_chain(draft: Draft, k: int) -> list[int]:
-    """The nodes of the one chain a chain verifier (vLLM: one draft list per row) takes from a tree: from
-    the anchor, at each node the child the most sources proposed, ties to the earliest child (the source
-    merged first: the host's spine); at most `k` nodes. Agreement between sources is the only evidence a
-    training-free tree carries about which branch the model will take."""
+def best_path(parents: Sequence[int], score: Sequence[float], k: int) -> list[int]:
+    """From the anchor, at each node the child of the highest `score` (ties: the earlier child), at most `k`
+    nodes: the one chain a chain verifier (vLLM: one draft list per row) takes from a tree."""
     children: dict[int, list[int]] = {}
-    for i, p in enumerate(draft.parents):
+    for i, p in enumerate(parents):
         children.setdefault(p, []).append(i)
     chain, node = [], ROOT
     while len(chain) < k and node in children:
-        node = max(children[node], key=lambda i: (len(draft.sources[i]), -i))
+        node = max(children[node], key=lambda i: (score[i], -i))
         chain.append(node)
     return chain
+
+
+def best_chain(draft: Draft, k: int) -> list[int]:
+    """`best_path` by agreement: at each node the child the most sources proposed, ties to the earliest child
+    (the source merged first: the host's spine). Agreement between sources is the only evidence a training-free
+    tree carries about which branch the model will take (size fixed; size auto scores by probability)."""
+    return best_path(draft.parents, [len(s) for s in draft.sources], k)
 
 
 def subtree(draft: Draft, nodes: Sequence[int]) -> Draft:
@@ -145,11 +150,9 @@ def subtree(draft: Draft, nodes: Sequence[int]) -> Draft:
     children: dict[tuple[int, int], int] = {}
     for j, key in enumerate(zip(parents, tokens)):
         children.setdefault(key, j)  # a duplicate sibling (root-attached) keeps the first, as add_chain walks it
+    # the evidence is shared, not copied: nothing adds to a drafted node's evidence after the draft is proposed
     return Draft(tokens, parents, [set(draft.sources[i]) for i in nodes], children,
-                 [dict(draft.evidence[i]) for i in nodes], [draft.probs[i] for i in nodes] if draft.probs else [])
-
-
-as_chain = subtree  # a root path of `draft` as a chain (the name chain verifiers' callers use)
+                 [draft.evidence[i] for i in nodes], [draft.probs[i] for i in nodes] if draft.probs else [])
 
 
 @dataclass

@@ -25,7 +25,7 @@ from typing import Sequence
 
 import numpy as np
 
-ROOT = -1
+from decoder.draft import ROOT, best_path
 
 
 def path_probs(parents: Sequence[int], probs: Sequence[float]) -> np.ndarray:
@@ -55,22 +55,10 @@ def select_tree(path: np.ndarray, step_s: np.ndarray) -> list[int]:
     return sorted(order[:n].tolist())
 
 
-def best_path(parents: Sequence[int], probs: Sequence[float], k: int) -> list[int]:
-    """From the anchor, the most probable child at each node (ties: the earlier node), at most `k` nodes."""
-    children: dict[int, list[int]] = {}
-    for i, p in enumerate(parents):
-        children.setdefault(p, []).append(i)
-    chain, node = [], ROOT
-    while len(chain) < k and node in children:
-        node = max(children[node], key=lambda i: (probs[i], -i))
-        chain.append(node)
-    return chain
-
-
 def select_chain(parents: Sequence[int], probs: Sequence[float], path: np.ndarray, step_s: np.ndarray,
                  k: int) -> list[int]:
     """The chain to verify (module docstring, chain), given the nodes' probabilities and path probabilities."""
-    chain = best_path(parents, probs, k)
+    chain = best_path(parents, probs, k)  # the most probable child at each node (decoder/draft.py)
     return chain[:best_count(path[chain], step_s)] if chain else []
 
 
@@ -84,10 +72,6 @@ class StepCost:
         self.cost = None if cost is None else cost.at_batch(batch)
         self.batch = batch
         self._tables: dict[tuple[int, int], np.ndarray] = {}
-
-    @property
-    def flat(self) -> bool:
-        return self.cost is None
 
     def describe(self) -> str:
         """What sizes the draft, for summary.json: the profile's engine and batch size, or flat."""

@@ -17,12 +17,11 @@ from decoder.calibration import (
     merge_summaries,
     position_bucket,
 )
-from decoder.draft import Draft, subtree
+from decoder.draft import Draft, best_path, subtree
 from decoder.profile import CostModel
 from decoder.sizing import (
     StepCost,
     best_count,
-    best_path,
     path_probs,
     select_chain,
     select_tree,

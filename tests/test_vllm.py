@@ -17,7 +17,7 @@ import pytest
 
 from data.capture.vllm_rows import RowTracker
 from data.errors import OilbirdError
-from decoder.draft import Draft, as_chain, best_chain
+from decoder.draft import Draft, best_chain, subtree
 
 ROOT = Path(__file__).resolve().parents[1]
 ARMS = ["vllm-greedy", "oilbird", "oilbird-no-semantic", "vllm-ngram", "vllm-suffix"]
@@ -201,7 +201,7 @@ def test_best_chain_takes_the_most_proposed_child_ties_to_the_spine():
     e.add_node(-1, 1, "spine")
     e.add_node(-1, 2, "key")
     assert best_chain(e, 4) == [0]  # a tie: the earlier child (the host's spine)
-    c = as_chain(d, [2, 4])
+    c = subtree(d, [2, 4])
     assert (c.tokens, c.parents, c.sources) == ([20, 22], [-1, 0], [{"key", "branch"}, {"key", "rollout"}])
 
 

@@ -59,7 +59,11 @@ from decoder.drafters.oilbird_config import (
 from decoder.drafters.pld import NgramIndex, PoolNgramIndex
 from decoder.drafters.recycling import AdjacencyTable, default_template
 from decoder.drafters.rollouts import RejectedPool, rejected_records
-from decoder.drafters.sam import AutomatonIndex, automaton_match_support
+from decoder.drafters.sam import (
+    AutomatonIndex,
+    automaton_match,
+    automaton_match_support,
+)
 from decoder.drafters.semantic import RANK_DEPTHS, SemanticPool, ngram_continuation
 from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
 from decoder.sizing import StepCost, path_probs, select_chain, select_tree
@@ -430,8 +434,12 @@ class OilbirdDrafter(Drafter):
             return Draft()
         match, chains = 0, None
         if self.index is not None:
-            match, spine, branches, support = automaton_match_support(self.index, c.spine_max, c.branch_top,
-                                                                     c.branch_max)
+            if c.size == "auto":  # the per-token support is node evidence: only a priced draft reads it
+                match, spine, branches, support = automaton_match_support(self.index, c.spine_max, c.branch_top,
+                                                                         c.branch_max)
+            else:
+                (match, spine, branches), support = automaton_match(self.index, c.spine_max, c.branch_top,
+                                                                    c.branch_max), []
             chains = (spine, branches)
         else:
             support = []
@@ -453,8 +461,9 @@ class OilbirdDrafter(Drafter):
         if pooled:
             candidates.append((pooled, POOL, 0))
         if chains is not None:
-            candidates += [(g, BRANCH, automaton_features(self._match, 1 + r, self._support[1 + r]))
-                           for r, g in enumerate(chains[1])]
+            support = self._support
+            candidates += [(g, BRANCH, automaton_features(self._match, 1 + r, support[1 + r]) if support
+                            else rank_feature(r)) for r, g in enumerate(chains[1])]
         candidates += [(g, ROLLOUT, rank_feature(r)) for r, g in enumerate(self._rollouts(int(context[-1])))]
         candidates += [([t], ROOT_BRANCH, rank_feature(r)) for r, t in enumerate(self._root_branches(int(context[-1])))]
         start = len(draft)
