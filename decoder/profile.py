@@ -454,8 +454,8 @@ def profile_falls_short(path: Path, cfg: ProfileConfig) -> str | None:
 
     try:
         cost = CostModel.load(path)
-    except OilbirdError:
-        return "cannot be read as a profile"
+    except OilbirdError:  # not a profile (or not a regular file): never overwritten here; replay names what is wrong
+        return None
     if max(cfg.nodes) > cost.nodes_range()[1]:
         return f"measured up to {cost.nodes_range()[1]} draft nodes, not {max(cfg.nodes)}"
     missing = sorted(set(resolve_engine(cfg, False).batch_sizes) - set(cost.batch_sizes()))
