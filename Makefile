@@ -30,11 +30,15 @@ BATCH   ?= 32
 ENGINE  ?=
 CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW)) $(if $(ENGINE),--engine $(ENGINE))
 
-# The engine the verdict's speedups are priced on (its verification-cost profile, measured once): vllm, the
-# engine users serve with (installed by make install), or harness (this package's loop; no vLLM needed).
-PROFILE_ENGINE ?= vllm
-PROFILE_FILE   ?= $(OUT)/profiles/$(MODEL)-cpu$(if $(filter vllm,$(PROFILE_ENGINE)),-vllm).json
-PROFILE_BATCH_FLAG = $(if $(filter vllm,$(PROFILE_ENGINE)),--batch-sizes $(PROFILE_BATCHES))
+# The engine the verdict's speedups are priced on (its verification-cost profile, measured once): auto (vLLM, the
+# engine users serve with, installed by make install, where it can run the model; else this package's harness,
+# saying so: decoder/profile_engine.py), vllm or harness (this package's loop; no vLLM needed).
+PROFILE_ENGINE ?= auto
+# The profile's file: PROFILE_FILE when given, else the one python names (decoder/profile.py output_path: the
+# model's slug and the engine, under OUT/profiles). Never built here from MODEL, which may be a path (../x/y).
+PROFILE_FILE   ?=
+PROFILE_PATH = $(if $(PROFILE_FILE),'$(PROFILE_FILE)',"$$($(PY) -m decoder profile --model '$(MODEL)' --out '$(OUT)' --engine $(PROFILE_ENGINE) --print-path)")
+PROFILE_BATCH_FLAG = $(if $(filter vllm auto,$(PROFILE_ENGINE)),--batch-sizes $(PROFILE_BATCHES))
 
 # The arms `make census` replays for the decision: `decision` = what the profile's engine runs (decoder/policy.py
 # decision_arms): for vLLM the Oilbird chains at each measured batch size, vLLM's suffix and ngram rules; for the
@@ -79,18 +83,21 @@ capture: $(STAMP)
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(PROFILE_BATCH_FLAG) --if-missing
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE)
+	set -e; profile=$(PROFILE_PATH); \
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file "$$profile" $(PROFILE_BATCH_FLAG) --if-missing; \
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile"
 	$(PY) -m reports --runs $(OUT)
 
 census-only: $(STAMP)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
 
 profile: $(STAMP)
-	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file $(PROFILE_FILE) $(PROFILE_BATCH_FLAG) $(ARGS)
+	set -e; profile=$(PROFILE_PATH); \
+	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file "$$profile" $(PROFILE_BATCH_FLAG) $(ARGS)
 
 replay: $(STAMP)
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile $(PROFILE_FILE) $(ARGS)
+	set -e; profile=$(PROFILE_PATH); \
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile" $(ARGS)
 
 reports: $(STAMP)
 	$(PY) -m reports --runs $(OUT)

@@ -17,8 +17,8 @@ Files: runs/profiles/<model>-<device>.json (data/store/layout.py `default_profil
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
-import json
 import math
 import platform
 import statistics
@@ -34,6 +34,7 @@ import torch
 from data.capture.models import text_config
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
+from decoder.profile_engine import ENGINES
 
 FORMAT = 1
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -55,6 +56,7 @@ class ProfileConfig:
     out: str = "runs"  # runs root
     file: str | None = None  # output path; default runs/profiles/<model>-<device>[-vllm].json
     engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm/profile.py: a vLLM step)
+    #                          | auto (vllm where it can run the model, else harness: `choose_engine`)
     batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
@@ -63,10 +65,12 @@ class ProfileConfig:
 # ---------------------------------------------------------------- which context lengths
 
 def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
-    """Quantiles of the context lengths (prompt + position) over every generated position of a store.
+    """Context lengths that span a store's: the shortest context a replay prices (the shortest prompt less
+    its anchor), rounded down to a multiple of 16 (at least 1), then quantiles of the context lengths
+    (prompt + position) over every generated position, each rounded up to a multiple of 16; deduplicated.
 
-    points = 4 gives the 10/50/90/100% quantiles (the max, so replay interpolates rather than
-    extrapolates), each rounded up to a multiple of 16, deduplicated."""
+    points = 4 gives the shortest, the 50/90% quantiles and the longest (points = 1: the longest only): the
+    whole range, so replay interpolates and never extrapolates (decoder/pricing.py)."""
     from data.store.reader import open_store
 
     if points < 1:
@@ -79,9 +83,12 @@ def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
         lengths = np.repeat(prompt, out) + (np.arange(int(out.sum())) - starts)
     else:  # nothing generated: the prompts are all there is
         lengths = prompt
-    qs = [1.0] if points == 1 else [*np.linspace(0.1, 0.9, points - 1), 1.0]
+    qs = [1.0] if points == 1 else [*np.linspace(0.5, 0.9, points - 2), 1.0]
     values = np.quantile(lengths, qs)
-    return sorted({max(CONTEXT_ROUND, int(math.ceil(v / CONTEXT_ROUND)) * CONTEXT_ROUND) for v in values})
+    out = {max(CONTEXT_ROUND, int(math.ceil(v / CONTEXT_ROUND)) * CONTEXT_ROUND) for v in values}
+    if points > 1:  # the shortest: replay's first step of the shortest prompt has its length less one in the cache
+        out.add(max(1, (int(prompt.min()) - 1) // CONTEXT_ROUND * CONTEXT_ROUND))
+    return sorted(out)
 
 
 def max_positions(model: torch.nn.Module) -> int | None:
@@ -231,10 +238,11 @@ def _as_grid(xs: Sequence[float]) -> np.ndarray:
 class CostModel:
     """Seconds of one verification forward, verify_s(nodes, past_len), and of prefill, prefill_s(prompt_len).
 
-    verify_s: bilinear over the measured (context, nodes) grid; beyond the last context (or before the
-    first) the end segment is extended linearly; nodes below the first measured count take its value,
-    beyond the last they are extended linearly from the last two counts; never below the smallest
-    measured time. prefill_s: piecewise linear, extended linearly at both ends, never below 0.
+    verify_s: bilinear over the measured (context, nodes) grid, never extrapolated: a context or node count
+    outside the measured range takes the value at the nearest measured one (a replay that would price such
+    a step refuses first, or notes it: decoder/pricing.py; the cost-sized drafts never ask beyond the
+    measured nodes: decoder/sizing.py). prefill_s: piecewise linear between the measured lengths and from
+    (0 tokens, 0 s) up to the first; the last measured value beyond the last.
     Both take scalars (-> float) or numpy arrays (broadcast; -> array).
     """
 
@@ -285,33 +293,49 @@ class CostModel:
                                          d["prefill_lengths"], d["prefill_s"], {**meta, "batch_size": int(b)})
         return model
 
+    def nodes_range(self) -> tuple[int, int]:
+        """The fewest and the most draft nodes the profile measured."""
+        return int(self.nodes[0]), int(self.nodes[-1])
+
+    def contexts_range(self) -> tuple[int, int]:
+        """The shortest and the longest context the profile measured."""
+        return int(self.contexts[0]), int(self.contexts[-1])
+
     def batch_sizes(self) -> list[int]:
         """The batch sizes this profile prices: 1 and every measured `verify_s_by_batch` size."""
         return [1, *sorted(self.by_batch)]
 
-    def at_batch(self, batch: int) -> "CostModel":
+    def at_batch(self, batch: int, arm: str | None = None) -> "CostModel":
         """The cost model of a step of `batch` rows (each verifying `nodes` draft tokens); one line when the
-        profile did not measure that batch size."""
+        profile did not measure that batch size (naming `arm`, the arm sized for it, when given)."""
         if batch == 1:
             return self
         if batch not in self.by_batch:
-            raise OilbirdError(f"the profile {self.meta.get('path', '')} measured batch sizes "
+            who = f"arm {arm} is sized for batch {batch}, but " if arm else ""
+            wider = sorted({*self.batch_sizes(), batch})
+            raise OilbirdError(f"{who}the profile {self.meta.get('path', '')} measured batch sizes "
                                f"{', '.join(map(str, self.batch_sizes()))}, not {batch}: remeasure it with "
-                               f"`python -m decoder profile --engine vllm --batch-sizes 1,{batch}`")
+                               f"`python -m decoder profile --engine vllm --batch-sizes {','.join(map(str, wider))}`")
         return self.by_batch[batch]
 
     @classmethod
     def load(cls, path: str | Path, model_fingerprint: str | None = None, model: str | None = None) -> "CostModel":
         """Read a profile; one-line OilbirdError when it is missing, malformed, or for another model
         (`model` only names the model in the messages)."""
+        from data.readfile import read_json
+
         path = Path(path)
         want = model or "M"
-        if not path.is_file():
-            raise OilbirdError(f"no decoder profile at {path}: make one with `python -m decoder profile --model {want}`")
+        make = f"make one with `python -m decoder profile --model {want}`"
+        if not path.exists():
+            raise OilbirdError(f"no decoder profile at {path}: {make}")
+        try:  # bounded: a regular file, its size and nesting (a FIFO or /dev/zero is refused, never read)
+            d = read_json(path, "decoder profile")
+        except OilbirdError as e:
+            raise OilbirdError(f"{e}: not a decoder profile; {make}") from None
         try:
-            d = json.loads(path.read_text())
             cm = cls.from_dict(d)
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValueError, TypeError) as e:
+        except (ValueError, TypeError) as e:
             reason = str(e).splitlines()[0] if str(e) else type(e).__name__
             raise OilbirdError(f"{path} is not a decoder profile ({reason}); make one with "
                                f"`python -m decoder profile --model {want}`") from None
@@ -322,8 +346,9 @@ class CostModel:
         return cm
 
     def verify_s(self, nodes, past_len):
-        n = np.maximum(np.asarray(nodes, dtype=np.float64), self._nx[0])  # clamp below the first count
-        c = np.asarray(past_len, dtype=np.float64)
+        # clamped to the measured grid: what was not measured is never extrapolated (class docstring)
+        n = np.clip(np.asarray(nodes, dtype=np.float64), self.nodes[0], self.nodes[-1])
+        c = np.clip(np.asarray(past_len, dtype=np.float64), self.contexts[0], self.contexts[-1])
         i, s = _segments(c, self._cx)
         j, t = _segments(n, self._nx)
         v = self._v
@@ -333,13 +358,18 @@ class CostModel:
         return float(out) if out.ndim == 0 else out
 
     def prefill_s(self, prompt_len):
-        x = np.asarray(prompt_len, dtype=np.float64)
-        if len(self.prefill_lengths) == 1:  # one point: proportional to the length
-            out = self.prefill[0] * x / self.prefill_lengths[0]
+        # a prefill of no tokens takes no time: (0, 0) is the curve's first point, so a prompt shorter than the
+        # shortest measured one is interpolated, not extrapolated; beyond the longest, its value (never priced:
+        # decoder/pricing.py refuses longer prompts)
+        x = np.clip(np.asarray(prompt_len, dtype=np.float64), 0.0, self.prefill_lengths[-1])
+        lengths, times = self.prefill_lengths, self.prefill
+        if lengths[0] > 0:
+            lengths, times = np.concatenate([[0.0], lengths]), np.concatenate([[0.0], times])
+        if len(lengths) == 1:  # one profile point at 0 tokens: constant
+            out = np.full_like(x, times[0])
         else:
-            i, t = _segments(x, self.prefill_lengths)
-            out = (1 - t) * self.prefill[i] + t * self.prefill[i + 1]
-        out = np.maximum(out, 0.0)
+            i, t = _segments(x, lengths)
+            out = np.maximum((1 - t) * times[i] + t * times[i + 1], 0.0)
         return float(out) if out.ndim == 0 else out
 
 
@@ -391,6 +421,53 @@ def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> P
     return default_profile_path(out, slug, device_type if engine == "harness" else f"{device_type}-{engine}")
 
 
+def resolve_engine(cfg: ProfileConfig, say: bool = True) -> ProfileConfig:
+    """`cfg` with --engine auto made vllm or harness (`choose_engine`; its note on stderr when `say`)."""
+    if cfg.engine not in ENGINES:
+        raise OilbirdError(f"--engine must be {', '.join(ENGINES)} (got {cfg.engine!r})")
+    if cfg.engine != "auto":
+        return cfg
+    from data.capture.models import resolve_model
+    from decoder.profile_engine import choose_engine
+
+    engine, note = choose_engine("auto", resolve_model(cfg.model), cfg.batch_sizes)
+    if note and say:
+        print(f"note: {note}", file=sys.stderr)
+    return dataclasses.replace(cfg, engine=engine, batch_sizes=cfg.batch_sizes if engine == "vllm" else (1,))
+
+
+def output_path(cfg: ProfileConfig) -> Path:
+    """Where the profile goes: --file, else <out>/profiles/<model slug>-<device>[-vllm].json, the name built
+    here from the model's slug (data/store/layout.py), never from the --model text (a path: `../x/y`)."""
+    from data.capture.models import pick_device
+    from data.store.layout import model_slug
+
+    if cfg.file:
+        return Path(cfg.file)
+    return profile_path(cfg.out, model_slug(cfg.model), pick_device(cfg.device).type, resolve_engine(cfg, False).engine)
+
+
+def profile_falls_short(path: Path, cfg: ProfileConfig) -> str | None:
+    """What an existing profile does not cover that `cfg` asks for (the longest context of --bench's store,
+    a node count, a batch size), in words; None when it covers all (--if-missing then keeps it)."""
+    from data.store.layout import model_slug
+
+    try:
+        cost = CostModel.load(path)
+    except OilbirdError:  # not a profile (or not a regular file): never overwritten here; replay names what is wrong
+        return None
+    if max(cfg.nodes) > cost.nodes_range()[1]:
+        return f"measured up to {cost.nodes_range()[1]} draft nodes, not {max(cfg.nodes)}"
+    missing = sorted(set(resolve_engine(cfg, False).batch_sizes) - set(cost.batch_sizes()))
+    if missing:
+        return f"measured batch sizes {','.join(map(str, cost.batch_sizes()))}, not {','.join(map(str, missing))}"
+    if cfg.bench is not None and cfg.contexts is None:
+        longest = resolve_contexts(cfg, model_slug(cfg.model))[-1]
+        if longest > cost.contexts_range()[1]:  # the store grew past it (replay would refuse: decoder/pricing.py)
+            return f"measured contexts up to {cost.contexts_range()[1]}, the store reaches {longest}"
+    return None
+
+
 def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     """Check the config, load the model, measure, write the JSON; (profile, path)."""
     from data.capture.models import load_model
@@ -403,10 +480,9 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         raise OilbirdError(f"--nodes must be counts in 0..{MAX_NODES} (got {bad[0]})")
     if cfg.reps < 1:
         raise OilbirdError(f"--reps must be at least 1 (got {cfg.reps})")
-    if cfg.engine not in ("harness", "vllm"):
-        raise OilbirdError(f"--engine must be harness or vllm (got {cfg.engine!r})")
     if min(cfg.batch_sizes) < 1:
         raise OilbirdError(f"--batch-sizes must be 1 or more (got {min(cfg.batch_sizes)})")
+    cfg = resolve_engine(cfg)
     if max(cfg.batch_sizes) > 1 and cfg.engine != "vllm":
         raise OilbirdError("--batch-sizes above 1 needs --engine vllm (the harness verifies one request a pass)")
     if cfg.engine == "vllm":
@@ -445,7 +521,7 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     p.add_argument("--bench", default=None, metavar="B",
-                   help="take the context lengths (10/50/90/100%% quantiles) from runs/<B>/<model>/traces")
+                   help="take the context lengths (the shortest, the 50/90%% quantiles, the longest) from runs/<B>/<model>/traces")
     p.add_argument("--contexts", default=None, metavar="L,L",
                    help=f"explicit context lengths (default: from --bench, else {','.join(map(str, DEFAULT_CONTEXTS))})")
     p.add_argument("--nodes", default=",".join(map(str, DEFAULT_NODES)), metavar="N,N",
@@ -455,28 +531,34 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--file", default=None, help="output path (default <out>/profiles/<model>-<device>.json)")
     p.add_argument("--if-missing", action="store_true",
                    help="do nothing when the output file already exists (what `make census` uses)")
-    p.add_argument("--engine", choices=("harness", "vllm"), default="harness",
-                   help="harness (default: one verify_tree forward) or vllm (one vLLM engine step; "
-                        "decoder/vllm/profile.py; written as <model>-<device>-vllm.json)")
+    p.add_argument("--engine", choices=ENGINES, default="harness",
+                   help="harness (default: one verify_tree forward), vllm (one vLLM engine step; "
+                        "decoder/vllm/profile.py; written as <model>-<device>-vllm.json) or auto (vllm where it "
+                        "can run the model, else the harness, saying so: what `make census` uses)")
+    p.add_argument("--print-path", action="store_true",
+                   help="print the file the profile goes to (--file, else the default name for the model's slug and "
+                        "the engine) and stop: how the Makefile names it")
     p.add_argument("--batch-sizes", default="1", metavar="B,B",
                    help="--engine vllm: also time steps of B requests together (verify_s_by_batch; replay prices "
                         "batch 1, one stream; default 1)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
-    if args.if_missing:
-        from data.capture.models import pick_device
-        from data.store.layout import model_slug
-
-        target = Path(args.file) if args.file else profile_path(
-            args.out, model_slug(args.model), pick_device(args.device).type, args.engine)
-        if target.exists():
-            print(f"profile {target} exists; kept (delete it to measure again)", file=sys.stderr)
-            return 0
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
                         contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
                         nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
                         progress=not args.quiet, engine=args.engine,
                         batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")))
+    if args.print_path:
+        print(output_path(cfg))
+        return 0
+    if args.if_missing:
+        target = output_path(cfg)
+        short = profile_falls_short(target, cfg) if target.exists() else None
+        if target.exists() and short is None:
+            print(f"profile {target} exists; kept (delete it to measure again)", file=sys.stderr)
+            return 0
+        if short:
+            print(f"note: profile {target} {short}: measuring it again", file=sys.stderr)
     d, path = run_profile(cfg)
     print(format_profile(d))
     print(f"written: {path}")

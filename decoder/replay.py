@@ -71,6 +71,7 @@ from decoder.pools import (
     resolve_budget,
     warmup_note,
 )
+from decoder.pricing import arm_batch, check_coverage, check_nodes, cost_sized_arms, priced_span
 from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
 
 # `--arms decision` (what `make census` replays): decoder/policy.py's decision_arms for the profile's engine
@@ -193,14 +194,6 @@ def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size:
 
 # ---------------------------------------------------------------- time estimate
 
-def arm_batch(arm: str) -> int:
-    """The batch size an arm sizes its drafts for (`@batch=B`; 1 otherwise): the batch its estimate prices."""
-    from decoder.drafters import parse_variant
-
-    value = parse_variant(arm)[1].get("batch")
-    return int(value) if value and value.isdigit() else 1
-
-
 def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap | None) -> tuple[dict, np.ndarray, np.ndarray]:
     """Estimated seconds per request for plain greedy and for this arm, and the summary block."""
     R = len(traces)
@@ -211,6 +204,7 @@ def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap |
         prefill = float(cost.prefill_s(len(tr.prompt)))
         ar_r[r] = prefill + float(np.sum(cost.verify_s(np.zeros(len(tr.tokens)), past0 + np.arange(len(tr.tokens)))))
         nodes = np.array([c.nodes for c in cycles], float)
+        check_nodes(cost, run.arm, int(nodes.max(initial=0)))  # the passes themselves: only measured counts priced
         past = past0 + np.concatenate([[0], np.cumsum([c.committed for c in cycles])[:-1]]) if cycles else np.zeros(0)
         verify = float(np.sum(cost.verify_s(nodes, past))) if cycles else 0.0
         draft = sum(c.draft_s for c in cycles)
@@ -322,10 +316,12 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     spec = check_index(cfg.index, store.d_model)
     budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
-    if cost is not None:
-        for arm in arms:
-            cost.at_batch(arm_batch(arm))  # an arm sized for a batch the profile did not measure: one line, now
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
+    context_note = None if cost is None else check_coverage(  # only what the profile measured (decoder/pricing.py)
+        cost, arms, cfg.nodes, cost_sized_arms(arms, cfg.sizing),
+        priced_span([len(t.prompt) for t in traces], [len(t.tokens) for t in traces], cost.contexts_range()[0]))
+    if context_note:
+        print(f"note: {context_note}", file=sys.stderr)
     # what makes these results stale when the store changes (reports, --if-missing), and whether its files were checked
     fingerprint, verified = store.fingerprint, bool(store.verified)
     if not traces or not any(tr.tokens for tr in traces):
@@ -360,6 +356,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
             batch = arm_batch(run.arm)
             summaries[key]["estimate"], _, arm_seconds[key] = estimate(run, traces, cost.at_batch(batch), boot)
             summaries[key]["estimate"]["batch"] = batch
+            summaries[key]["estimate"]["context_note"] = context_note
             summaries[key]["estimate_by_batch"] = {
                 str(b): {k: v for k, v in estimate(run, traces, cost.at_batch(b), boot)[0].items()
                          if k in ("speedup", "speedup_interval", "ar_seconds", "arm_seconds")}

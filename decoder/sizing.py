@@ -64,7 +64,12 @@ def select_chain(parents: Sequence[int], probs: Sequence[float], path: np.ndarra
 
 class StepCost:
     """Seconds of one engine step verifying n = 0..cap draft tokens per row at a context, from a profile at one
-    batch size (decoder/profile.py CostModel); tables cached per 16 tokens of context."""
+    batch size (decoder/profile.py CostModel); tables cached per 16 tokens of context.
+
+    The table stops at the most draft nodes the profile measured (a shorter table: the rule then chooses among
+    measured counts only, never a size priced by extrapolation, decoder/pricing.py); a context outside the
+    measured ones takes the nearest measured context's costs (CostModel clamps): the choice of a size, which a
+    server must make on any traffic, is never refused."""
 
     ROUND = 16
 
@@ -80,6 +85,8 @@ class StepCost:
         return f"{self.cost.meta.get('engine', 'harness')} profile, batch {self.batch}"
 
     def table(self, cap: int, past_len: int) -> np.ndarray:
+        if self.cost is not None:
+            cap = min(cap, self.cost.nodes_range()[1])
         key = (cap, past_len // self.ROUND)
         t = self._tables.get(key)
         if t is None:

@@ -63,23 +63,20 @@ def test_cost_model_exact_at_grid_and_linear_between():
     assert cm.verify_s(0, 150) == 1.5  # between contexts
     assert cm.verify_s(2, 150) == 2.0  # bilinear: mean of 1, 2, 2, 3
     assert cm.verify_s(6, 300) == pytest.approx((3.0 + 5.0 + 5.0 + 9.0) / 4)
-    # contexts beyond the grid: the end segment extended (200 -> 400 adds 1.0 at 0 nodes per 200)
-    assert cm.verify_s(0, 600) == pytest.approx(4.0)
-    assert cm.verify_s(8, 600) == pytest.approx(13.0)
-    assert cm.verify_s(0, 0) == pytest.approx(1.0)  # 1.0 - 1.0, clamped to the smallest measured (1.0)
-    assert cm.verify_s(8, 0) == pytest.approx(3.0)  # 4 - (5 - 4): extended below, above the floor
-    # nodes beyond the last count: extended from the last two (4 -> 8 adds 2 at context 100)
-    assert cm.verify_s(16, 100) == pytest.approx(8.0)
-    assert cm.verify_s(-3, 100) == 1.0  # below the first count: clamped
+    # outside the grid nothing is extrapolated: the nearest measured context or node count (issue 35)
+    assert cm.verify_s(0, 600) == 3.0 and cm.verify_s(8, 600) == 9.0
+    assert cm.verify_s(0, 0) == 1.0 and cm.verify_s(8, 0) == 4.0
+    assert cm.verify_s(16, 100) == 4.0
+    assert cm.verify_s(-3, 100) == 1.0
     # vectorised, broadcast
     out = cm.verify_s(np.array([0, 4, 8, 2]), np.array([100, 200, 400, 150]))
     assert isinstance(out, np.ndarray) and out.tolist() == [1.0, 3.0, 9.0, 2.0]
     grid = cm.verify_s(np.array([0, 8])[None, :], np.array([100, 400])[:, None])
     assert grid.tolist() == [[1.0, 4.0], [3.0, 9.0]]
     assert isinstance(cm.verify_s(4, 200), float)
-    # prefill: piecewise linear, extended, never below 0
+    # prefill: piecewise linear from (0 tokens, 0 s) through the measured points; the last value beyond
     assert cm.prefill_s(20) == 2.0 and cm.prefill_s(30) == 4.0
-    assert cm.prefill_s(80) == pytest.approx(14.0)
+    assert cm.prefill_s(80) == 6.0
     assert cm.prefill_s(5) == pytest.approx(0.5) and cm.prefill_s(0) == 0.0
     assert cm.prefill_s(np.array([10, 40])).tolist() == [1.0, 6.0]
 
@@ -88,8 +85,8 @@ def test_cost_model_one_point_axes():
     cm = CostModel.from_dict(_profile_dict(contexts=[100], nodes=[0, 4], verify_s=[[1.0, 3.0]],
                                            prefill_lengths=[100], prefill_s=[2.0]))
     assert cm.verify_s(2, 5000) == 2.0  # constant along the single context
-    assert cm.verify_s(8, 100) == 5.0
-    assert cm.prefill_s(50) == 1.0  # one point: proportional
+    assert cm.verify_s(8, 100) == 3.0  # the last measured count: not extrapolated
+    assert cm.prefill_s(50) == 1.0  # one point: proportional up to it
 
 
 def test_cost_model_load_errors(tmp_path):
@@ -155,8 +152,10 @@ def test_contexts_from_store_and_bench(stories, one_thread, tmp_path, capsys):
     lengths = [len(p) + t for p, o in zip(s.requests["prompt_tokens"].to_list(), s.requests["output_tokens"].to_list())
                for t in range(len(o))]
     got = contexts_from_store(store)
-    assert got == sorted(set(got)) and all(c % 16 == 0 for c in got)
+    assert got == sorted(set(got)) and all(c % 16 == 0 for c in got[1:])
     assert got[-1] >= max(lengths) and got[-1] - max(lengths) < 16  # covers the longest context
+    shortest = min(len(p) for p in s.requests["prompt_tokens"].to_list()) - 1  # replay's first cache
+    assert got[0] <= max(1, shortest) and (got[0] == 1 or got[0] % 16 == 0)  # ... and the shortest (issue 35)
     assert contexts_from_store(store, points=1) == [got[-1]]
     path = tmp_path / "p.json"
     assert profile_main(["--model", "stories260k", "--bench", bench, "--out", str(out), "--nodes", "0,4",
