@@ -91,6 +91,28 @@ def test_grown_traffic_extends_its_store(stories, tmp_path, capsys, one_thread):
     assert pq.read_table(path / "requests.parquet").to_pylist() == after
 
 
+def test_extension_killed_midway_resumes(stories, tmp_path, monkeypatch, one_thread):
+    """Killed before the grown traffic's first commit: the store already says so (incomplete, the new
+    fingerprint), and the same command resumes it into the five requests."""
+    from data.store.writer import StoreWriter
+    from tests.conftest import crash_on_call
+
+    traffic = tmp_path / "t.jsonl"
+    bench = _write(traffic, ROWS[:3])
+    out = tmp_path / "runs"
+    path = Path(capture(_cfg(bench, out), lm=stories))
+    _write(traffic, ROWS)
+    real = crash_on_call(monkeypatch, StoreWriter, "append", 1)
+    with pytest.raises(KeyboardInterrupt):
+        capture(_cfg(bench, out), lm=stories)
+    meta = json.loads((path / "meta.json").read_text())
+    assert meta["complete"] is False and meta["n_requests"] == 3 and meta["requests_total"] == 5
+    monkeypatch.setattr(StoreWriter, "append", real)
+    capture(_cfg(bench, out), lm=stories)
+    store = open_store(path)
+    assert store.n_requests == 5 and store.meta["complete"] and verify_store(path).startswith("OK")
+
+
 def _grown_then(tmp_path, stories, change) -> tuple[str, Path, str]:
     """Capture 3 lines, rewrite the file with `change`(rows), rerun: the refusal's text."""
     traffic = tmp_path / "t.jsonl"
@@ -140,7 +162,23 @@ def test_edited_line_beyond_the_held_requests_is_refused(stories, tmp_path, one_
     with pytest.raises(OilbirdError) as e:
         capture(_cfg(bench, out), lm=stories)
     msg = str(e.value)
-    assert "\n" not in msg and "the 2 requests it holds are unchanged" in msg and "--force" in msg
+    assert "\n" not in msg and "the 2 it holds are unchanged" in msg and "--force" in msg
+
+
+def test_reference_mode_names_an_edited_reference(stories, tmp_path, one_thread):
+    traffic = tmp_path / "t.jsonl"
+    rows = [dict(r, reference=STORY_PROMPTS[(i + 1) % len(STORY_PROMPTS)]) for i, r in enumerate(ROWS)]
+    bench = _write(traffic, rows[:3])
+    out = tmp_path / "runs"
+    capture(_cfg(bench, out, mode="reference"), lm=stories)
+    rows[2]["reference"] = "A different answer."
+    _write(traffic, rows)
+    with pytest.raises(OilbirdError) as e:
+        capture(_cfg(bench, out, mode="reference"), lm=stories)
+    assert "line 3 of" in str(e.value) and 'its "reference" changed' in str(e.value)
+    rows[2]["reference"] = STORY_PROMPTS[3]  # as it was: the grown traffic extends the teacher-forced store
+    _write(traffic, rows)
+    assert open_store(capture(_cfg(bench, out, mode="reference"), lm=stories)).n_requests == 5
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -316,8 +316,10 @@ TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.mo
 
 
 def _check_tokenizer_files(name: str, path: str) -> None:
-    """A local model folder must hold a tokenizer: without one transformers says only "Couldn't instantiate the
-    backend tokenizer from one of: (1) ... (3) ...", which names neither the folder nor the missing files."""
+    """Called when the tokenizer failed to load: a local folder holding none of the usual tokenizer files gets a
+    line saying so, where transformers says only "Couldn't instantiate the backend tokenizer from one of: (1) ...
+    (3) ...", naming neither the folder nor the missing files. (Only after a failure: a tokenizer kept in a file
+    of another name still loads.)"""
     if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
         return
     raise OilbirdError(f"model folder {path} (--model {name}) has no tokenizer: none of "
@@ -363,9 +365,12 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
             local_only = True
     from safetensors import SafetensorError
 
-    _check_tokenizer_files(name, path)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        except (OSError, ValueError):
+            _check_tokenizer_files(name, path)  # a folder without any tokenizer file: say that, not transformers'
+            raise
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=local_only)
     except SafetensorError as e:  # a weights file cut short (an interrupted download): not an OSError
         raise OilbirdError(_damaged_weights(name, path, e)) from None

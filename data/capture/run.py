@@ -270,7 +270,7 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     # the writer holds the store's lock until this block ends, however it ends (data/store/lock.py)
     with StoreWriter(path, meta, force=cfg.force) as writer:
         if change is not None:
-            _take_grown_traffic(writer, change, every_request, all_prompts, info)
+            _take_grown_traffic(writer, change, every_request, all_prompts, all_refs, info)
         _check_committed(path, writer, requests)
         if writer.done >= len(requests):
             _finish_already_done(path, writer, cfg, len(requests), len(every_request))
@@ -285,12 +285,12 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
 
 
 def _take_grown_traffic(writer: StoreWriter, change: TrafficChange, every_request: list[Request],
-                        prompts: list[list[int]], info) -> None:
+                        prompts: list[list[int]], references: list[list[int]] | None, info) -> None:
     """Refuse traffic that is not the store's own grown at its end; for grown traffic, the store's traffic
     fields become the new traffic's with the next meta.json write (data/capture/traffic.py)."""
     source = info.source if info.name.startswith("jsonl:") else None
     if not change.extends:
-        refuse_changed(writer.path, change, writer.requests, every_request, prompts, source)
+        refuse_changed(writer.path, change, writer.requests, every_request, prompts, source, references)
     writer.meta.update(data_fingerprint=change.fingerprint, requests_total=change.total)
     if writer.done < len(prompts):
         note_extension(writer.path, change, writer.done)

@@ -64,12 +64,14 @@ def _where(req: Request, index: int, source: str | None) -> str:
 
 
 def refuse_changed(store: Path, change: TrafficChange, held: pa.Table, every_request: list[Request],
-                   prompts: list[list[int]], source: str | None) -> None:
+                   prompts: list[list[int]], source: str | None, references: list[list[int]] | None = None) -> None:
     """Raise the one-line refusal of traffic that is not the store's grown by lines at its end, naming the
-    first held request that differs from the traffic (`prompts`: the traffic's first prompts, as captured)."""
+    first held request that differs from the traffic (`prompts`: the traffic's first prompts, as captured;
+    `references`: in reference mode, their reference tokens, which a teacher-forced store holds as outputs)."""
     way_out = "pass --force to recapture the store from the traffic as it is now, or --out for another folder"
     head = f"trace store {store} was captured from other traffic"
     columns = {name: held.column(name).to_pylist() for name in ("id", "group", "tenant", "prompt_hash")}
+    outputs = held.column("output_tokens").to_pylist() if references is not None else None
     for r in range(held.num_rows):
         if r >= len(every_request):
             raise OilbirdError(f"{head}: it holds {held.num_rows} requests but the traffic now has "
@@ -81,11 +83,13 @@ def refuse_changed(store: Path, change: TrafficChange, held: pa.Table, every_req
         diff = [f"{k} {was[k]!r} -> {now[k]!r}" for k in was if was[k] != now[k]]
         if not diff and r < len(prompts) and columns["prompt_hash"][r] != prompt_hash(prompts[r]):
             diff = ["its prompt changed"]
+        if not diff and outputs is not None and r < len(references) and outputs[r] != references[r]:
+            diff = ["its \"reference\" changed"]
         if diff:
             raise OilbirdError(f"{head}: {_where(req, r, source)} differs ({', '.join(diff)}); an edited, removed or "
                                f"reordered line cannot extend a store, only lines added at the end; {way_out}")
-    raise OilbirdError(f"{head}: its first {change.store_total} requests are not those it was captured from "
-                       f"(meta.json data_fingerprint), though the {held.num_rows} requests it holds are unchanged: a "
+    raise OilbirdError(f"{head}: the traffic's first {change.store_total} requests are not those the store was "
+                       f"captured from (meta.json data_fingerprint), though the {held.num_rows} it holds are unchanged: a "
                        "line after them, or a \"reference\", was edited, removed or reordered; only lines added at "
                        f"the end extend a store; {way_out}")
 
