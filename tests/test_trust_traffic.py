@@ -31,7 +31,6 @@ from data.store.reader import open_store
 from data.store.verify import verify_store
 from tests.conftest import STORIES, STORY_PROMPTS
 
-REPO = Path(__file__).resolve().parents[1]
 
 # two tenants, and a prompt repeated within a tenant (rows 0 and 2) and across the growth (row 4 = row 1):
 # the census's same-prompt and tenant rules must treat the appended requests as a whole capture would
