@@ -472,7 +472,7 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
     stop = stop_rule(lm, stop_strings, max_new)
     warm_pool = load_warm_pool(cfg.warm_from, lm) if cfg.warm_from else []
     tenants = [getattr(r, "tenant", "") or "" for r in requests]  # before data.benchmarks.registry had tenants: one
-    prompts = [encode_prompt(lm, r.messages) for r in requests]
+    prompts = [encode_prompt(lm, r.messages, f"request {i} (id {r.id!r})") for i, r in enumerate(requests)]
     if any(not p for p in prompts):
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
     check_context(lm, requests, prompts, max_new)

@@ -20,6 +20,7 @@ from pathlib import Path
 from data.benchmarks.request import Request
 from data.benchmarks.sources import _one_line
 from data.errors import OilbirdError
+from data.readfile import regular_file
 
 ROLES = ("system", "user", "assistant")
 
@@ -76,7 +77,7 @@ def _jsonl_request(row, where: str, lineno: int) -> Request:
     elif not isinstance(tenant, str):
         raise OilbirdError(f"{where}: \"tenant\" must be a string (got {type(tenant).__name__})")
     return Request(id=_text(str(rid), where, '"id"'), group=_text(str(group), where, '"group"'),
-                   messages=messages, reference=reference, tenant=_text(tenant, where, '"tenant"'))
+                   messages=messages, reference=reference, tenant=_text(tenant, where, '"tenant"'), line=lineno)
 
 
 DEFAULT_MAX_LINE_BYTES = 1 << 20
@@ -116,8 +117,8 @@ def line_bound(max_bytes: int | str | None):
 
 def _load_jsonl(path_text: str) -> list[Request]:
     path = Path(path_text).expanduser()
-    if not path.is_file():
-        raise OilbirdError(f"jsonl file {path} not found")
+    # stat before open: a FIFO would block the open until a writer comes; a folder or a device is named as such
+    regular_file(path, "jsonl file")
     requests: list[Request] = []
     seen: dict[str, int] = {}
     without_id = 0

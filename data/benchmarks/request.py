@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,8 @@ class Request:
     messages: tuple  # tuple of {"role": "system"|"user"|"assistant", "content": str} dicts, in order
     reference: str | None
     tenant: str = ""  # whose traffic it is; "" = the one default tenant (every registered benchmark)
+    # the JSONL line it was read from (1-based), to name it in errors; not part of the request (nor its fingerprint)
+    line: int | None = field(default=None, compare=False)
 
 
 

@@ -305,6 +305,45 @@ class LayerTap:
         self.close()
 
 
+def _one_line(e: BaseException, limit: int = 400) -> str:
+    text = " ".join(str(e).split()) or type(e).__name__
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+# Files one of which a tokenizer loads from (a fast tokenizer's serialization, or a slow one's vocabulary).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "spiece.model", "vocab.txt",
+                   "sentencepiece.bpe.model", "tiktoken.model")
+
+
+def _check_tokenizer_files(name: str, path: str) -> None:
+    """Called when the tokenizer failed to load: a local folder holding none of the usual tokenizer files gets a
+    line saying so, where transformers says only "Couldn't instantiate the backend tokenizer from one of: (1) ...
+    (3) ...", naming neither the folder nor the missing files. (Only after a failure: a tokenizer kept in a file
+    of another name still loads.)"""
+    if not os.path.isdir(path) or any(os.path.isfile(os.path.join(path, f)) for f in TOKENIZER_FILES):
+        return
+    raise OilbirdError(f"model folder {path} (--model {name}) has no tokenizer: none of "
+                       f"{', '.join(TOKENIZER_FILES)} is there; copy the tokenizer files from where the model "
+                       "came from into it")
+
+
+def _damaged_weights(name: str, path: str, e: BaseException) -> str:
+    """The one line for weights safetensors cannot open, naming the damaged file(s) where the folder is local."""
+    bad = []
+    if os.path.isdir(path):
+        from safetensors import safe_open
+
+        for f in sorted(Path(path).glob("*.safetensors")):
+            try:
+                with safe_open(str(f), framework="pt"):
+                    pass
+            except Exception:  # SafetensorError, or an OSError of an unreadable file
+                bad.append(str(f))
+    what = ", ".join(bad) if bad else f"a weights file of model '{name}' ({path})"
+    return (f"{what} is damaged or incomplete ({_one_line(e)}): an interrupted download? download the model "
+            "again")
+
+
 def load_model(name: str, dtype: str | None = None, device: str | None = None,
                layer: int | None = None) -> LoadedModel:
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -324,13 +363,21 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
             print(f"note: {host} is unreachable; loading '{path}' from the local Hugging Face cache only",
                   file=sys.stderr)
             local_only = True
+    from safetensors import SafetensorError
+
     try:
-        tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        except (OSError, ValueError):
+            _check_tokenizer_files(name, path)  # a folder without any tokenizer file: say that, not transformers'
+            raise
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dt, local_files_only=local_only)
+    except SafetensorError as e:  # a weights file cut short (an interrupted download): not an OSError
+        raise OilbirdError(_damaged_weights(name, path, e)) from None
     except (OSError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         where = " (offline: not in the local cache)" if local_only and not os.path.isdir(path) else ""
-        raise OilbirdError(f"cannot load model '{name}' ({path}){where}: {first}") from None
+        # the whole message joined into one line: its first line alone can end mid-sentence ("from one of: ")
+        raise OilbirdError(f"cannot load model '{name}' ({path}){where}: {_one_line(e)}") from None
     model.to(dev).eval()
     cfg = text_config(model)
     n_layers = len(decoder_layers(model))
@@ -356,12 +403,24 @@ def load_model(name: str, dtype: str | None = None, device: str | None = None,
     )
 
 
-def encode_prompt(lm: LoadedModel, messages) -> list[int]:
-    """Token ids of a request's prompt: the chat template where the tokenizer has one, plain text otherwise."""
+def encode_prompt(lm: LoadedModel, messages, request: str = "a request") -> list[int]:
+    """Token ids of a request's prompt: the chat template where the tokenizer has one, plain text otherwise.
+    `request` names the request (e.g. "request 3 (id 'x')") in the one-line error of a template that
+    refuses the conversation."""
     tok = lm.tokenizer
     msgs = [dict(m) for m in messages]
     if getattr(tok, "chat_template", None):
-        ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        import jinja2
+
+        try:
+            ids = tok.apply_chat_template(msgs, add_generation_prompt=True, tokenize=True, return_dict=False)
+        except jinja2.TemplateError as e:
+            # many templates raise_exception() on a conversation they do not take (roles that do not alternate,
+            # a system turn they do not know): name the request and the template's own words
+            roles = "/".join(m.get("role", "?") for m in msgs)
+            raise OilbirdError(f"{request}: the chat template of model '{lm.name}' refuses its conversation "
+                               f"(roles {roles}): {_one_line(e)}; change the request's messages or use a model "
+                               "whose template takes them") from None
         if isinstance(ids, dict) or hasattr(ids, "keys"):
             ids = ids["input_ids"]
         return [int(i) for i in ids]

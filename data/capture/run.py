@@ -32,6 +32,7 @@ from data.capture.teacher import (
     teacher_forced,
     teacher_forced_cached,
 )
+from data.capture.traffic import TrafficChange, note_extension, refuse_changed, traffic_change
 from data.errors import OilbirdError
 from data.store.layout import RUNS, store_dir
 from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
@@ -82,7 +83,7 @@ def fit_prompts(lm: LoadedModel, requests: list[Request], max_new: int, truncate
     bos = getattr(lm.tokenizer, "bos_token_id", None)
     for i, req in enumerate(requests):
         try:
-            p = encode_prompt(lm, req.messages)
+            p = encode_prompt(lm, req.messages, f"request {i} (id {req.id!r})")
         except UnicodeEncodeError as e:  # a lone surrogate (e.g. "\\ud800") is not encodable text
             raise OilbirdError(f"request {req.id}: its text is not valid Unicode ({e.reason}: "
                                f"{e.object[e.start:e.end]!a})") from None
@@ -262,8 +263,14 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     all_prompts, truncated = fit_prompts(lm, requests, max_new, cfg.truncate, all_refs)
     path = store_dir(cfg.out, cfg.bench, lm.slug)
     every_request = load_requests(cfg.bench)  # the whole benchmark: its fingerprint, and the N of "first N of M"
+    meta = store_meta(cfg, lm, info, max_new, every_request)
+    change = traffic_change(path, every_request, cfg.force)  # traffic grown (or edited) since the store's capture
+    if change is not None:  # the writer compares the other settings; the traffic is judged here
+        meta["data_fingerprint"] = change.store_fingerprint
     # the writer holds the store's lock until this block ends, however it ends (data/store/lock.py)
-    with StoreWriter(path, store_meta(cfg, lm, info, max_new, every_request), force=cfg.force) as writer:
+    with StoreWriter(path, meta, force=cfg.force) as writer:
+        if change is not None:
+            _take_grown_traffic(writer, change, every_request, all_prompts, all_refs, info)
         _check_committed(path, writer, requests)
         if writer.done >= len(requests):
             _finish_already_done(path, writer, cfg, len(requests), len(every_request))
@@ -275,6 +282,18 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
 
         record_agreement(path, cfg.agree_with)
     return str(path)
+
+
+def _take_grown_traffic(writer: StoreWriter, change: TrafficChange, every_request: list[Request],
+                        prompts: list[list[int]], references: list[list[int]] | None, info) -> None:
+    """Refuse traffic that is not the store's own grown at its end; for grown traffic, the store's traffic
+    fields become the new traffic's with the next meta.json write (data/capture/traffic.py)."""
+    source = info.source if info.name.startswith("jsonl:") else None
+    if not change.extends:
+        refuse_changed(writer.path, change, writer.requests, every_request, prompts, source, references)
+    writer.meta.update(data_fingerprint=change.fingerprint, requests_total=change.total)
+    if writer.done < len(prompts):
+        note_extension(writer.path, change, writer.done)
 
 
 def _finish_already_done(path: Path, writer: StoreWriter, cfg: CaptureConfig, asked: int, total: int) -> None:
