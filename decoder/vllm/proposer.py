@@ -84,8 +84,8 @@ def proposer_settings(environ: Mapping[str, str] | None = None, **explicit: Any)
     env = os.environ if environ is None else environ
 
     def named(field: str, e: OilbirdError) -> OilbirdError:
-        given = explicit.get(field) is not None
-        label = f"{field}={getattr(s, field)!r}" if given else f"{BY_FIELD[field].name}={env.get(BY_FIELD[field].name)!r}"
+        var = BY_FIELD[field].name
+        label = f"{field}={getattr(s, field)!r}" if explicit.get(field) is not None else f"{var}={env.get(var)!r}"
         # an index or profile error already says what would do; an unknown arm's lists drafters vLLM cannot run
         return OilbirdError(f"{label}: {e}" + (f"; allowed: {BY_FIELD[field].allowed}" if field == "arm" else ""))
 
