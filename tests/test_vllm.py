@@ -151,6 +151,67 @@ def test_the_cost_aware_chain_in_vllm_is_greedy_token_for_token(served, tiny_lla
     assert bad.returncode == 2 and "measured batch sizes 1, 4, not 2" in bad.stderr.strip().splitlines()[-1]
 
 
+BREAK_STATS = """
+import json, shutil, sys
+from pathlib import Path
+
+from vllm import SamplingParams
+from vllm.inputs import TokensPrompt
+
+from data.capture.vllm_engine import EngineConfig, make_llm
+from decoder.vllm.proposer import speculative_config
+
+
+def main(model, tmp):
+    prompts = json.loads((tmp / "prompts.json").read_text())
+    folder = tmp / "stats"
+    folder.mkdir()
+    stats = folder / "proposer.json"
+    spec = speculative_config("oilbird", k=4, stats=str(stats), log=str(tmp / "break.log"))
+    llm = make_llm(EngineConfig(model, max_num_seqs=4), spec)  # as vllm-run --batch 4 serves the greedy arm
+    greedy = SamplingParams(temperature=0.0, max_tokens=40)
+
+    def wave(ps):
+        got = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps], greedy, use_tqdm=False)
+        return [list(r.outputs[0].token_ids) for r in got]
+
+    llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:8])], SamplingParams(temperature=0.0, max_tokens=4),
+                 use_tqdm=False)
+    outputs = wave(prompts[:4])
+    written = stats.exists()
+    shutil.rmtree(folder)
+    folder.write_text("a file where the stats folder was")  # unwritable after start-up
+    outputs += wave(prompts[4:8])
+    folder.unlink()
+    folder.mkdir()
+    wave(prompts[:1])  # its first step finishes the last wave's requests: the stats are written again
+    (tmp / "break.json").write_text(json.dumps({"outputs": outputs, "written_before": written,
+                                                "stats": json.loads(stats.read_text())}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], Path(sys.argv[2]))
+"""
+
+
+def test_an_unwritable_stats_file_mid_run_keeps_serving(served, tiny_llama64):
+    """The stats folder replaced by a file while the engine serves: the failed writes are logged once and
+    counted, never raised into vLLM (which would end the engine: EngineDeadError); every request is still
+    served, identical to vLLM greedy, and the stats, writable again, carry the count (issue 35)."""
+    tmp = served["_tmp"]
+    script = tmp / "break_stats.py"
+    script.write_text(BREAK_STATS)
+    r = subprocess.run([sys.executable, str(script), tiny_llama64, str(tmp)], cwd=ROOT, capture_output=True, text=True,
+                       timeout=600, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads((tmp / "break.json").read_text())
+    assert got["outputs"] == served["vllm-greedy"]["outputs"]
+    assert got["written_before"] and got["stats"]["stats_write_failures"] >= 1
+    assert got["stats"]["finished"] >= 9 and got["stats"]["unverified_rows"] == 0
+    assert r.stderr.count("cannot write the stats") == 1, r.stderr[-3000:]
+    assert (tmp / "break.log").read_text().count("cannot write the stats") == 1
+
+
 def test_bad_input_is_one_line(tiny_llama64, tmp_path):
     r = _run(tiny_llama64, "no-such-arm", tmp_path)
     assert r.returncode == 2 and r.stderr.strip().startswith("error: ") and len(r.stderr.strip().splitlines()) == 1

@@ -10,6 +10,9 @@ What it writes:
     StoreWriter (atomic parts, checksums, the store lock), the store marked complete after each commit so
     that a census can read it while serving goes on; requests not yet committed when the engine is killed
     are lost (at most FLUSH - 1; a normal shutdown commits them);
+  - a commit that fails while serving (a full disk, the folder removed) raises to the recorder, which logs
+    it once and counts it and never lets it reach vLLM; the requests stay pending and go with the next
+    commit, at most MAX_PENDING_COMMITS commits' worth (the oldest beyond are dropped, counted in `dropped`);
   - ids `served-<start>-<pid>-<serial>` (unique across restarts), bench OILBIRD_VLLM_BENCH (default
     "served"), group and tenant empty;
   - stop_reason: "eos" when the last token is one of the model's end ids, "length" when the request
@@ -28,7 +31,10 @@ see a request's sampling parameters; serve greedy traffic into a store meant for
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import datetime
+import errno
+import logging
 import os
 import time
 from pathlib import Path
@@ -36,12 +42,15 @@ from typing import Any
 
 import numpy as np
 
-from data.errors import OilbirdError
+from data.capture.vllm_settings import BY_FIELD, VllmSettings, read_vllm_settings
+from data.errors import OilbirdError, os_error_line
 
-STORE_ENV = "OILBIRD_VLLM_STORE"
-BENCH_ENV = "OILBIRD_VLLM_BENCH"
-FLUSH_ENV = "OILBIRD_VLLM_STORE_FLUSH"
+STORE_ENV = BY_FIELD["store"].name  # OILBIRD_VLLM_STORE
+BENCH_ENV = BY_FIELD["bench"].name  # OILBIRD_VLLM_BENCH
+FLUSH_ENV = BY_FIELD["store_flush"].name  # OILBIRD_VLLM_STORE_FLUSH
 ENGINE = "vllm-serving"
+MAX_PENDING_COMMITS = 8  # requests kept for a store that cannot be written, in commits: each holds its states
+LOG = logging.getLogger("oilbird.vllm")
 
 
 def served_meta(model_path: str, layer: int, max_len: int, dtype: str, device: str, bench: str) -> tuple[dict, frozenset]:
@@ -78,26 +87,25 @@ class ServedStore:
         self.writer = StoreWriter(self.path, meta)  # brings a store a killed server left back to its last commit
         if self.writer.done and not self.writer.meta.get("complete"):
             self.writer.finish(keep_lock=True)  # every committed request is whole: readable again
-        self.pending: list = []
+        self.pending: list = []  # TraceRecords not committed yet; their request index is set at the commit
         self.run = f"served-{int(time.time())}-{os.getpid()}"
         self.serial = 0
         self.written = 0
+        self.dropped = 0  # requests dropped while the store could not be written (MAX_PENDING_COMMITS)
         atexit.register(self.close)
 
     @classmethod
-    def from_env(cls, vllm_config: Any, layer: int) -> "ServedStore | None":
-        """The store OILBIRD_VLLM_STORE names for this engine, or None when the flag is unset."""
-        path = os.environ.get(STORE_ENV) or ""
-        if not path:
+    def from_env(cls, vllm_config: Any, layer: int, settings: VllmSettings | None = None) -> "ServedStore | None":
+        """The store OILBIRD_VLLM_STORE names for this engine, or None when the flag is unset (the settings
+        checked by data/capture/vllm_settings.py before any model loads)."""
+        s = settings if settings is not None else read_vllm_settings(("store", "store_flush", "bench"))
+        if not s.store:
             return None
-        flush = os.environ.get(FLUSH_ENV) or "8"
-        if not flush.isdigit():
-            raise OilbirdError(f"{FLUSH_ENV}={flush!r}: give a whole number of requests per commit (default 8)")
         mc = vllm_config.model_config
         device = str(getattr(getattr(vllm_config, "device_config", None), "device_type", "") or "cpu")
         meta, eos = served_meta(str(mc.model), layer, int(mc.max_model_len), str(mc.dtype).removeprefix("torch."),
-                                device, os.environ.get(BENCH_ENV) or "served")
-        return cls(path, meta, eos, int(flush))
+                                device, s.bench)
+        return cls(s.store, meta, eos, s.store_flush)
 
     def stop_reason(self, trace) -> str:
         if len(trace.output) and int(trace.output[-1]) in self.eos_ids:
@@ -118,27 +126,44 @@ class ServedStore:
         valid = trace.hidden_valid.copy()
         valid[-1] = False  # the last output token is never fed: its row is invalid in every store
         self.pending.append(TraceRecord(
-            request=self.writer.done + len(self.pending), id=f"{self.run}-{self.serial:06d}", group="",
+            request=-1, id=f"{self.run}-{self.serial:06d}", group="",
             prompt_hash=prompt_hash(prompt), prompt_tokens=prompt, output_tokens=trace.output.tolist(),
             stop_reason=self.stop_reason(trace), seconds=float(seconds),
             hidden=trace.hidden.astype(np.float16), hidden_valid=valid, topk=trace.topk.astype(np.int32),
             prompt_last_hidden=trace.prompt_last_hidden.astype(np.float16),
             prompt_last_topk=np.asarray(trace.prompt_last_topk, np.int32), tenant=""))
+        keep = MAX_PENDING_COMMITS * self.flush_every
+        if len(self.pending) > keep:  # the store has failed to commit for a while: the oldest go
+            self.dropped += len(self.pending) - keep
+            self.pending = self.pending[-keep:]
         if len(self.pending) >= self.flush_every:
             self.flush()
 
     def flush(self) -> None:
-        """Commit what is pending; the store reads as complete between commits."""
+        """Commit what is pending; the store reads as complete between commits. A failure raises (an OSError
+        naming the path) with the requests the commit did not take still pending."""
         if not self.pending:
             return
-        self.writer.append(self.pending)
-        self.written += len(self.pending)
-        self.pending = []
+        if not (self.path / "meta.json").is_file():  # the writer would make a new folder holding half a store
+            raise FileNotFoundError(errno.ENOENT, "the store's folder or meta.json is gone (removed while serving)",
+                                    str(self.path))
+        base = self.writer.done
+        try:
+            # indices set here, not when added: requests dropped or a failed commit leave no gap
+            self.writer.append([dataclasses.replace(r, request=base + i) for i, r in enumerate(self.pending)])
+        finally:
+            committed = self.writer.done - base  # all or nothing: 0 unless the commit point was passed
+            self.written += committed
+            self.pending = self.pending[committed:]
         self.writer.finish(keep_lock=True)
 
     def close(self) -> None:
         try:
             self.flush()
+        except Exception as e:  # at exit: said once, never a traceback from atexit
+            why = os_error_line(e) if isinstance(e, OSError) else f"{type(e).__name__}: {e}"
+            LOG.warning(f"oilbird: the served store {self.path} could not commit its last {len(self.pending)} "
+                        f"requests: {why}")
         finally:
             atexit.unregister(self.close)
             self.writer.close()  # the store's write lock

