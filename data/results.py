@@ -155,10 +155,11 @@ class Problem:
     why: str  # "lacks", or the words after the value ("outside [0, 1]")
     value: object = None
     keys: tuple = ()  # the path as keys and list indexes, to find the value again (scrub)
+    detail: str = ""  # said after a missing field: which definition is missing, what the file gives instead
 
     def __str__(self) -> str:
         if self.why == "lacks":
-            return f"{self.file} lacks {self.field}"
+            return f"{self.file} lacks {self.field}" + (f" {self.detail}" if self.detail else "")
         return f"{self.file} has {self.field} = {shown(self.value)} {self.why}"
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
+from data.results import Problem
 from decoder.verdict import CANNOT_DECIDE, Verdict, cannot_decide, verdict
 from reports import charts
 from reports.arms import (
@@ -72,19 +73,25 @@ class Decision:
     form: str = "tree"  # the form of draft that engine verifies, which the verdict compares in
 
 
-def blockers(on: Arm, off: Arm | None) -> list[str]:
+def blockers(on: Arm, off: Arm | None) -> list[Problem]:
     """Why no verdict can be read from these arms' summaries: every schema problem of either file
     (data/results.py), else the rule's share when the key-on arm's file lacks it. Empty when it can decide."""
-    out = [str(p) for arm in (on, off) if arm is not None for p in arm.problems]
+    out = [p for arm in (on, off) if arm is not None for p in arm.problems]
     if out or on.sole_source is not None:
         return out
-    file, raw = on.folder / "summary.json", on.summary.get("sole_source_share")
+    file, raw = str(on.folder / "summary.json"), on.summary.get("sole_source_share")
     if isinstance(raw, dict) and "value" in raw:
-        return [f"{file} has sole_source_share.value = null (no share computed)"]
+        return [Problem(file, "sole_source_share.value", "(no share computed)")]
     if "draft" in on.shares:
-        return [f"{file} lacks sole_source_share over all committed tokens (it gives only the share over accepted "
-                "draft tokens, which is larger and not the rule's)"]
-    return [f"{file} lacks sole_source_share"]
+        return [Problem(file, "sole_source_share", "lacks", detail="over all committed tokens (it gives only the "
+                        "share over accepted draft tokens, which is larger and not the rule's)")]
+    return [Problem(file, "sole_source_share", "lacks")]
+
+
+def decision_problems(result: Result) -> list[Problem]:
+    """The problems that keep this result's verdict from deciding (none when it decides, or has no verdict)."""
+    d = decide(result)
+    return blockers(d.arm, d.off) if v_cannot(d) else []
 
 
 def decide(result: Result) -> Decision | None:
@@ -105,7 +112,8 @@ def decide(result: Result) -> Decision | None:
             gain = {}
         why = blockers(on, off)
         if why:
-            return Decision("replay", cannot_decide(why, on_name, off_name), on, off, gain, engine, form)
+            return Decision("replay", cannot_decide([str(p) for p in why], on_name, off_name), on, off, gain, engine,
+                            form)
         v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), est_speedup(on),
                     est_speedup(off) if off is not None else None, on_name, off_name)
         return Decision("replay", v, on, off, gain, engine, form)
@@ -116,7 +124,7 @@ def decide(result: Result) -> Decision | None:
     off = named(result.arms, OFF_ARM) if main.name == ON_ARM else None
     why = blockers(main, off)
     if why:
-        return Decision("live", cannot_decide(why), main, off, {})
+        return Decision("live", cannot_decide([str(p) for p in why]), main, off, {})
     both = off is not None and live_speedup(main) is not None and live_speedup(off) is not None
     v = verdict(main.sole_source["share"], main.sole_source.get("interval"), None,
                 live_speedup(main) if both else None, live_speedup(off) if both else None)
