@@ -115,9 +115,10 @@ class Result:
     @property
     def problems(self) -> list[Problem]:
         """Every schema problem of every result file read for this result (data/results.py), in reading order."""
-        return [p for holder in (*self.censuses, *self.arms, *self.replay, *(a for arms in self.replay_nodes.values()
-                                 for a in arms), *self.replay_warm, *(a for arms in self.replay_warm_nodes.values()
-                                 for a in arms)) for p in holder.problems] + self.file_problems
+        holders = (*self.censuses, *self.arms, *self.replay, *(a for arms in self.replay_nodes.values() for a in arms),
+                   *self.replay_warm, *(a for arms in self.replay_warm_nodes.values() for a in arms))
+        unique = {id(h): h for h in holders}.values()  # an arm of several budgets is in replay and replay_nodes
+        return [p for holder in unique for p in holder.problems] + self.file_problems
 
     @property
     def has_decoder(self) -> bool:

@@ -148,6 +148,14 @@ SEMANTIC_LABELS = ["semantic", "sam|semantic", "semantic", "adjacency", "sam", "
                    "sam", "sam"]  # 3 of 10 accepted tokens from the semantic source alone
 
 
+def modern_oilbird(runs: Path) -> None:
+    """The live oilbird arm as today's decoder writes it (`kind`, both shares): make_runs' older one gives only the
+    share over draft tokens, on which the verdict cannot decide (and `python -m reports` exits 2)."""
+    write_arm(runs / "toy" / "toy-model" / "decode" / "oilbird", "oilbird", 2.5, SEMANTIC_LABELS, {
+        "kind": "live", "sole_source_share": {"value": 0.25, "interval": [0.2, 0.3], "sole": 3, "tokens": 12},
+        "sole_source_share_of_draft": {"value": 0.3, "interval": [0.25, 0.35], "sole": 3, "accepted": 10}})
+
+
 def make_runs(root: Path, *, model: str | None = None, decode: bool = True, df: pl.DataFrame | None = None,
               summary: dict | None = None, positions: bool = True) -> Path:
     runs = root / "runs"
@@ -1020,6 +1028,7 @@ def test_cli_writes_site_and_fails_cleanly(tmp_path, capsys):
     assert "no results folder" in capsys.readouterr().err and not out.exists()
 
     runs = make_runs(tmp_path)  # no traces/meta.json: token ids, no tokenizer
+    modern_oilbird(runs)
     assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["grid.html", "index.html", "toy__toy-model.html"]
     assert (out / "index.html").stat().st_mode & 0o777 == 0o644
@@ -1071,6 +1080,7 @@ def test_links_to_odd_file_names_are_url_encoded(tmp_path):
     from reports.__main__ import main
 
     runs = make_runs(tmp_path)
+    modern_oilbird(runs)
     odd = runs / "a#b?c.jsonl"
     (runs / "toy").rename(odd)
     out = tmp_path / "html"

@@ -98,6 +98,7 @@ def test_missing_committed_share_cannot_decide_and_never_reads_the_draft_share(t
     assert decision((out / "other__toy-model.html").read_text())[0] == "neutral"
     index = (out / "index.html").read_text()
     assert index.count("<strong>cannot decide</strong> (replay)") == 1 and "<strong>neutral</strong>" in index
+    assert "<strong>cannot decide</strong> (replay)" in (out / "grid.html").read_text()
 
 
 BAD_VALUES = [  # (what to change in oilbird's summary, the problem line after "<file> has ")
