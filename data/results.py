@@ -50,7 +50,8 @@ TAU = Rule("tau", lambda v: _number(v) and v >= 1, "below 1 (a pass commits at l
 POSITIVE = Rule("positive", lambda v: _number(v) and v > 0, "not above 0")  # speedups, ratios, sizes
 NONNEG = Rule("non-negative", lambda v: _number(v) and v >= 0, "below 0")  # seconds, means
 NUMBER = Rule("number", _number, "not a finite number")
-COUNT = Rule("count", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0, "not a count (an integer >= 0)")
+COUNT = Rule("count", lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
+             "not a count (an integer >= 0)")
 TEXT = Rule("text", lambda v: isinstance(v, str), "not a string")
 FLAG = Rule("flag", lambda v: isinstance(v, bool), "not true or false")
 
@@ -84,7 +85,7 @@ _PASSES = (
     Field("arm", TEXT), Field("kind", TEXT), Field("bench", TEXT), Field("model", TEXT),
     Field("requests", COUNT), Field("generated_tokens", COUNT), Field("passes", COUNT),
     Field("accepted_draft_tokens", COUNT), Field("accepted_by_source.*", COUNT), Field("drafted_by_source.*", COUNT),
-    Field("acceptance_rate_by_source.*", SHARE),
+    Field("acceptance_rate_by_source.*", NONNEG),  # a token several sources proposed counts for each
     *_share_block("sole_source_share", "tokens"), *_share_block("sole_source_share_of_draft", "accepted"),
     Field("mean_nodes", NONNEG), Field("accepted_per_node", NONNEG),
     *(Field(f"{d}.{q}", NONNEG) for d in ("nodes_per_pass", "draft_s_per_pass", "update_s_per_pass")
@@ -116,10 +117,11 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         *(f for key in ("available", "producible", "gap", "recall") for f in _proportion(key)),
         *(f for key in ("coverage.reaches.*", "coverage.only_it.*", "coverage.unions.*",
                         "coverage.semantic_recovers_missed_by.*") for f in _proportion(key)),
-        Field("coverage.universe", COUNT), Field("coverage.lift.*.value", POSITIVE, "bootstrap"),
+        Field("coverage.universe", COUNT), Field("coverage.lift.*.value", NONNEG, "bootstrap"),
         Field("mechanism.*.value", NUMBER, "bootstrap"), Field("mechanism.*.n", COUNT), Field("mechanism.*.k", COUNT),
-        Field("index.gap_recall_exact", SHARE), Field("index.gap_recall_index", SHARE), Field("index.knn_recall", SHARE),
-        Field("index.bytes_per_state", POSITIVE),
+        Field("index.gap_recall_exact", SHARE), Field("index.gap_recall_index", SHARE),
+        Field("index.knn_recall", SHARE),
+        Field("index.bytes_per_state", NONNEG),
     ),
     "ablations": tuple(
         f for rows in ("merged", "ablations.*", "headline.*", "ladder.*.rungs.*", "best_lexical")
@@ -134,7 +136,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("rows.*.arm", TEXT), Field("rows.*.batch", COUNT), Field("rows.*.k", COUNT),
         Field("rows.*.requests", COUNT), Field("rows.*.generated_tokens", COUNT),
         Field("rows.*.speedup_vs_ar", POSITIVE, "speedup_range"), Field("rows.*.tok_s", POSITIVE, "tok_s_range"),
-        Field("rows.*.mean_acceptance_length", TAU), Field("rows.*.replay_mean_acceptance_length", TAU),
+        Field("rows.*.mean_acceptance_length", POSITIVE), Field("rows.*.replay_mean_acceptance_length", POSITIVE),
         Field("rows.*.acceptance_vs_replay", POSITIVE), Field("rows.*.wall_s", NONNEG),
         Field("replay.*.tau", TAU), Field("replay.*.passes", COUNT),
     ),
