@@ -139,6 +139,9 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("rows.*.mean_acceptance_length", POSITIVE), Field("rows.*.replay_mean_acceptance_length", POSITIVE),
         Field("rows.*.acceptance_vs_replay", POSITIVE), Field("rows.*.wall_s", NONNEG),
         Field("replay.*.tau", TAU), Field("replay.*.passes", COUNT),
+        # the proposer's own counters (decoder/vllm/proposer.py `stats`), as the bench copies them into its rows
+        *(Field(f"rows.*.proposer.{k}", COUNT) for k in ("steps", "key_queries", "unaligned_steps", "unverified_rows")),
+        Field("rows.*.proposer.draft_s", NONNEG),
     ),
 }
 # A replay gives tau as {value, interval}; a live run as a number beside tau_interval.

@@ -195,11 +195,13 @@ def test_vllm_and_ablation_values_out_of_range_are_noted(tmp_path, capsys):
     make_replay(runs)
     folder = runs / "toy" / "toy-model"
     vllm = write(folder / "vllm" / "summary.json", {"kind": "bench-vllm", "complete": True, "rows": [
-        {"arm": "oilbird", "batch": 1, "requests": 8, "speedup_vs_ar": -2.7, "tok_s": 40.0}]})
+        {"arm": "oilbird", "batch": 1, "requests": 8, "speedup_vs_ar": -2.7, "tok_s": 40.0,
+         "proposer": {"steps": 167, "draft_s": -0.25}}]})
     abl = write(folder / "ablations" / "ablations.json", {"merged": {"arm": ON, "tau": 0.2}, "ablations": []})
     assert reports_main(["--runs", str(runs), "--out", str(tmp_path / "html"), "--quiet"]) == 2
     err = capsys.readouterr().err
     assert f"note: {vllm} has rows[0].speedup_vs_ar = -2.7 not above 0" in err
+    assert "(and 1 more problem(s) in that file)" in err  # the proposer's draft_s, one line per file
     assert f"note: {abl} has merged.tau = 0.2 below 1" in err
     assert "-2.70" not in (tmp_path / "html" / "toy__toy-model.html").read_text()
 
