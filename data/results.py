@@ -96,7 +96,9 @@ _PASSES = (
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
         *_PASSES,
-        Field("tau", NUMBER, required=True),  # placeholder for the block: replaced below by tau.value
+        # a replay gives tau as {value, interval}; a live run as a number beside tau_interval
+        Field("tau", Rule("tau block", lambda v: isinstance(v, dict), "not an object {value, interval}"), required=True),
+        Field("tau.value", TAU, "interval"),
         Field("nodes", COUNT),
         Field("paired_gain.versus", TEXT), Field("paired_gain.tau_ratio", POSITIVE, "interval"),
         Field("paired_gain.speedup_ratio", POSITIVE, "speedup_interval"),
@@ -144,10 +146,6 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("rows.*.proposer.draft_s", NONNEG),
     ),
 }
-# A replay gives tau as {value, interval}; a live run as a number beside tau_interval.
-SCHEMAS["replay"] = tuple(f for f in SCHEMAS["replay"] if f.path != "tau") + (
-    Field("tau", Rule("tau block", lambda v: isinstance(v, dict), "not an object {value, interval}"), required=True),
-    Field("tau.value", TAU, "interval"))
 KINDS = tuple(SCHEMAS)
 
 
