@@ -54,6 +54,7 @@ COUNT = Rule("count", lambda v: isinstance(v, int) and not isinstance(v, bool) a
              "not a count (an integer >= 0)")
 TEXT = Rule("text", lambda v: isinstance(v, str), "not a string")
 FLAG = Rule("flag", lambda v: isinstance(v, bool), "not true or false")
+TAU_BLOCK = Rule("tau block", lambda v: isinstance(v, dict), "not an object {value, interval}")
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
         *_PASSES,
         # a replay gives tau as {value, interval}; a live run as a number beside tau_interval
-        Field("tau", Rule("tau block", lambda v: isinstance(v, dict), "not an object {value, interval}"), required=True),
+        Field("tau", TAU_BLOCK, required=True),
         Field("tau.value", TAU, "interval"),
         Field("nodes", COUNT),
         Field("paired_gain.versus", TEXT), Field("paired_gain.tau_ratio", POSITIVE, "interval"),

@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         more = f" (and {len(lines) - 1} more problem(s) in that file)" if len(lines) > 1 else ""
         print(f"note: {lines[0]}{more}", file=sys.stderr)
     if by_file:
-        raise OilbirdError(f"{len(by_file)} result file(s) lack a field or hold an invalid value (the notes above; docs/reports.md, "
-                           "\"Result files\"): their values read as not known and a verdict that reads one says "
-                           "\"cannot decide\"; rewrite them with the command that made them")
+        raise OilbirdError(f"{len(by_file)} result file(s) lack a field or hold an invalid value (the notes above; "
+                           "docs/reports.md, \"Result files\"): their values read as not known and a verdict that "
+                           "reads one says \"cannot decide\"; rewrite them with the command that made them")
     return 0
 
 

@@ -3,18 +3,18 @@
 Read from the replay's strictly-past pool (`oilbird`'s sole-source share, its paired tau gain over
 `oilbird-no-semantic`, the two arms' estimated speedups; nodes 60 when several budgets were replayed,
 else the largest); without a replay of `oilbird`, from the live decoder's share with the gain unknown
-(so never "enable"). A missing or invalid field in a file the verdict reads (data/results.py's schema) gives
-"cannot decide: <file> lacks <field>" instead of a decision; no other quantity is read in its place (the share
-over accepted draft tokens is never the rule's share). Live decoder results are shown beside the replay as the ground truth; the
-warm-pool replay and other node budgets are secondary tables.
+(so never "enable"). A missing or invalid field in a file the verdict reads (data/results.py's schema)
+gives "cannot decide: <file> lacks <field>" instead of a decision; no other quantity is read in its place
+(the share over accepted draft tokens is never the rule's share). Live decoder results are shown beside
+the replay as the ground truth; the warm-pool replay and other node budgets are secondary tables.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
 from data.results import Problem
+from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
 from decoder.verdict import CANNOT_DECIDE, Verdict, cannot_decide, verdict
 from reports import charts
 from reports.arms import (
@@ -91,7 +91,7 @@ def blockers(on: Arm, off: Arm | None) -> list[Problem]:
 def decision_problems(result: Result) -> list[Problem]:
     """The problems that keep this result's verdict from deciding (none when it decides, or has no verdict)."""
     d = decide(result)
-    return blockers(d.arm, d.off) if v_cannot(d) else []
+    return blockers(d.arm, d.off) if undecidable(d) else []
 
 
 def decide(result: Result) -> Decision | None:
@@ -131,7 +131,8 @@ def decide(result: Result) -> Decision | None:
     return Decision("live", v, main, off, {})
 
 
-def v_cannot(d: Decision | None) -> bool:
+def undecidable(d: Decision | None) -> bool:
+    """Whether the verdict could not be read (a result file lacks a field or holds an invalid value)."""
     return d is not None and d.verdict.decision == CANNOT_DECIDE
 
 
@@ -178,10 +179,10 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
             else "a token tree")
     lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} candidate nodes, "
             f"{number(on.summary.get('requests'))} requests), in the form {engine} verifies: {form}. ")
-    if v_cannot(d):
+    if undecidable(d):
         return [verdict_callout(d, lead), not_available(
-            f"no verdict and none of its numbers until the file is rewritten: `{command} --arms {on_name},{off_name}` "
-            "recomputes both arms; the arms table below shows the values that are valid")]
+            f"no verdict and none of its numbers until the file is rewritten: `{command} --arms "
+            f"{on_name},{off_name}` recomputes both arms; the arms table below shows the values that are valid")]
     parts = [verdict_callout(d, lead), fastest_paragraph(result, d), shares_paragraph(on, "replay")]
     g = d.gain
     if g:
@@ -287,7 +288,7 @@ def live_verdict(result: Result, d: Decision) -> list[str]:
     """The verdict read from the live decoder (no replay of oilbird): its share, the measured speedups, and the
     replay an "enable" would need."""
     best = fastest_arm(result, exclude=d.arm)
-    if v_cannot(d):
+    if undecidable(d):
         return [verdict_callout(d, f"From the live decoder (no replay with {ON_ARM}). "),
                 not_available(f"no verdict until the file is rewritten: run `{replay_command(result)}`, or decode "
                               f"{ON_ARM} again")]

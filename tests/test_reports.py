@@ -421,8 +421,8 @@ def test_sole_source_share_and_decision_class(tmp_path):
     # the fixture's cycles.parquet has no `committed` column: only the share of accepted draft tokens, which the
     # verdict never reads in place of the committed one (issue 35)
     assert sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet") is None
-    assert got["draft"] == {"share": 0.3, "interval": None, "sole": 3, "total": 10, "basis": "draft", "definition": None,
-                   "from": "cycles.parquet"}
+    assert got["draft"] == {"share": 0.3, "interval": None, "sole": 3, "total": 10, "basis": "draft",
+                            "definition": None, "from": "cycles.parquet"}
     # the decoder's own figure wins when summary.json carries it; an old one (no `tokens`) is the draft share
     old = sole_source_shares({"sole_source_share": {"value": 0.05, "sole": 5, "accepted": 100}},
                              arm / "cycles.parquet")["draft"]
