@@ -20,6 +20,7 @@ from census.positions import census_run
 from census.summary import summarize
 from data.capture.models import pick_device, same_model
 from data.errors import OilbirdError
+from data.results import check_written
 from data.store.files import (
     atomic_write_json,
     atomic_write_table,
@@ -65,6 +66,7 @@ def write_census(target: Path, df: pl.DataFrame, summary: dict) -> None:
     """positions.parquet and summary.json as one unit: both are written into a fresh folder beside
     `target`, which then replaces it, so census/ holds the old pair or the new pair, never one of
     each. A kill leaves at most a dot-named leftover, removed by the next census."""
+    check_written(summary, "census", str(target / "summary.json"))  # data/results.py: what the reports accept
     _restore_or_clean(target)
     tmp = make_tmp_dir(target)
     old = None

@@ -45,6 +45,7 @@ from pathlib import Path
 import numpy as np
 
 from data.errors import OilbirdError, cli_entry
+from data.results import check_written
 from data.store.files import atomic_write_json
 from data.store.layout import ABLATIONS_FILE, ablations_dir, model_dir, model_slug
 from decoder.policy import LEXICAL_ARMS, TARGET_LOWER, TARGET_RATIO, target_status
@@ -157,6 +158,7 @@ def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int,
                           "argmax after a rejected node needs that node's forward), so their rollouts are not "
                           "measured here, only their root branching; live decoding measures both "
                           "(docs/benchmarks.md)"]}
+    check_written(result, "ablations", str(folder / "ablations.json"))  # data/results.py: what the reports accept
     atomic_write_json(folder / "ablations.json", result)
     return result
 

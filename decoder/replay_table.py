@@ -67,14 +67,17 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
     names = [FORM_PAIRS[engine_form(engine)][0], ON_ARM]
     on = next((s for name in names for (arm, _), s in summaries.items() if arm == name and s.get("paired_gain")), None)
     if on is not None:
-        from decoder.verdict import verdict
+        from decoder.verdict import CANNOT_DECIDE, verdict
 
         off = summaries.get((on["paired_gain"]["versus"], on["nodes"])) or {}
         share = on.get("sole_source_share") or {}
         v = verdict(share.get("value"), share.get("interval"), on["paired_gain"]["interval"],
                     (on.get("estimate") or {}).get("speedup"), (off.get("estimate") or {}).get("speedup"),
                     on["arm"], on["paired_gain"]["versus"])
-        lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
+        if v.decision == CANNOT_DECIDE:  # an input out of its range (decoder/verdict.py): no decision to state
+            lines.append(f"verdict: CANNOT DECIDE ({'; '.join(v.reasons)})")
+        else:
+            lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
         lines.append(f"rule: {v.rule}")
         if on.get("by_depth") and off.get("by_depth"):
             lines.append(format_depth_table(on, off))

@@ -23,6 +23,11 @@ The two outcomes exclude each other (a valid interval has lo <= hi), so the orde
 does not matter. A missing input (None, NaN, an interval that is not two finite numbers with
 lo <= hi) never raises: without a share or without a gain interval the verdict cannot be "enable"
 and the reasons say so; without both speedups the speed conditions are skipped (and said so).
+
+A number that cannot be what it claims (a share outside [0, 1], a speedup or a gain interval end at or below 0)
+gives "cannot decide" (CANNOT_DECIDE), not a decision: the rule is never applied to a value that is wrong.
+The reports also give it, through `cannot_decide`, when a result file the verdict reads lacks a field or
+holds an invalid one (data/results.py); no other quantity is ever read in a missing one's place.
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ from dataclasses import dataclass, field
 from decoder.policy import ENABLE_SHARE, OFF_ARM, OFF_SHARE, ON_ARM, SPEED_MARGIN
 
 DECISIONS = ("enable", "neutral", "leave off")
+CANNOT_DECIDE = "cannot decide"  # not an outcome of the rule: its inputs are missing or invalid
 
 def rule_text(on: str = ON_ARM, off: str = OFF_ARM) -> str:
     """The rule in one sentence, for the pair `on` / `off` (the form the engine verifies: decoder/policy.py)."""
@@ -69,6 +75,26 @@ def _interval(iv) -> tuple[float, float] | None:
     return lo, hi
 
 
+def cannot_decide(reasons: list[str], on_arm: str = ON_ARM, off_arm: str = OFF_ARM) -> Verdict:
+    """The verdict when an input is missing or invalid: each reason says which (e.g. "<file> lacks <field>")."""
+    return Verdict(CANNOT_DECIDE, rule_text(on_arm, off_arm), [f"cannot decide: {r}" for r in reasons])
+
+
+def _out_of_range(share, gain_interval, speedup_on, speedup_off, on_arm: str, off_arm: str) -> list[str]:
+    """The inputs that are numbers but cannot be what they claim to be."""
+    bad = []
+    share = _num(share)
+    if share is not None and not 0 <= share <= 1:
+        bad.append(f"the sole-source share of {on_arm} is {share:g}, outside [0, 1]")
+    giv = _interval(gain_interval)
+    if giv is not None and giv[0] <= 0:
+        bad.append(f"the paired tau gain interval {giv[0]:g}–{giv[1]:g} is not above 0")
+    for arm, v in ((on_arm, _num(speedup_on)), (off_arm, _num(speedup_off))):
+        if v is not None and v <= 0:
+            bad.append(f"the speedup of {arm} is {v:g}, not above 0")
+    return bad
+
+
 def _pct(v: float) -> str:
     x = 100 * v
     return f"{x:.2f}%" if abs(x) < 10 else f"{x:.1f}%"
@@ -88,6 +114,9 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
     oilbird and oilbird-no-semantic (both, or the speed conditions are skipped); `on_arm` / `off_arm`: the
     pair's names (oilbird-chain / oilbird-no-semantic-chain where the engine verifies chains).
     """
+    bad = _out_of_range(share, gain_interval, speedup_on, speedup_off, on_arm, off_arm)
+    if bad:
+        return cannot_decide(bad, on_arm, off_arm)
     share, siv, giv = _num(share), _interval(share_interval), _interval(gain_interval)
     on, off = _num(speedup_on), _num(speedup_off)
     off_why: list[str] = []  # conditions for "leave off" that hold

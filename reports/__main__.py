@@ -37,6 +37,24 @@ def main(argv: list[str] | None = None) -> int:
     pages = render_site(results, progress=not args.quiet)
     write_site(Path(args.out), pages)
     print(f"wrote {len(pages)} pages to {args.out}/: open {Path(args.out) / 'index.html'}")
+    # Result files that break their schema (data/results.py): every page is still written, the values are shown
+    # as not known and a verdict that reads one says "cannot decide"; one note per file, then exit 2, so that
+    # `make census` and scripts do not take a site with undecidable pages for a clean one.
+    from reports.decision import decision_problems
+
+    by_file: dict[str, list[str]] = {}
+    for r in results:
+        for problem in r.problems + decision_problems(r):
+            lines = by_file.setdefault(problem.file, [])
+            if str(problem) not in lines:
+                lines.append(str(problem))
+    for lines in by_file.values():
+        more = f" (and {len(lines) - 1} more problem(s) in that file)" if len(lines) > 1 else ""
+        print(f"note: {lines[0]}{more}", file=sys.stderr)
+    if by_file:
+        raise OilbirdError(f"{len(by_file)} result file(s) lack a field or hold an invalid value (the notes above; "
+                           "docs/reports.md, \"Result files\"): their values read as not known and a verdict that "
+                           "reads one says \"cannot decide\"; rewrite them with the command that made them")
     return 0
 
 

@@ -120,8 +120,8 @@ def _sole_counts(ss: dict) -> str:
 
 
 def share_arms(result: Result) -> list:
-    """Live arms with a sole-source share, the one the live verdict reads first (`oilbird` if run)."""
-    arms = [a for a in result.arms if a.sole_source and finite(a.sole_source.get("share"))]
+    """Live arms with a sole-source share of either definition (`oilbird` first, whose the live verdict reads)."""
+    arms = [a for a in result.arms if any(finite(e.get("share")) for e in a.shares.values())]
     return sorted(arms, key=lambda a: a.name != ON_ARM)
 
 

@@ -114,6 +114,19 @@ def sole_source_block(result: Result) -> str:
                            caption="Sole-source share: accepted tokens that only the semantic source proposed.")
 
 
+def schema_callout(result: Result, census: Census | None, main_page: bool) -> str:
+    """Above every number: the result files of this page that lack a required field or hold an invalid value
+    (data/results.py). Those values are shown as n/a, and a verdict that reads such a file cannot decide."""
+    problems = [p for p in (result.problems if main_page else census.problems if census else [])]
+    if not problems:
+        return ""
+    items = "".join(f"<li>{esc(str(p))}</li>" for p in problems)
+    return (f'<div class="callout cannot"><p><strong>Invalid result files:</strong> {len(problems)} field(s) '
+            "missing or outside their range (docs/reports.md, \"Result files\"). They are shown as n/a, and a "
+            "verdict that reads one of these files says \"cannot decide\".</p>"
+            f"<ul>{items}</ul></div>")
+
+
 def result_page(result: Result, census: Census | None = None, token_text: TokenText | None = None,
                 others: list[tuple[str, str]] = ()) -> str:
     """The page of one (benchmark, model): the headline, the decision (replay / decoder), its census (the given
@@ -132,7 +145,8 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
              + " ".join(links) + "</p>",
              # before any number: which of the results below no longer describe the store (or were never checked)
              freshness_callout(result, shown_results(result, census, replay=main_page, warm=main_page,
-                                                     vllm=main_page))]
+                                                     vllm=main_page)),
+             schema_callout(result, census, main_page)]
     if census is None:
         parts.append(decision_section(result))
         parts.append(section("census", "Census", not_available(

@@ -3,16 +3,19 @@
 Read from the replay's strictly-past pool (`oilbird`'s sole-source share, its paired tau gain over
 `oilbird-no-semantic`, the two arms' estimated speedups; nodes 60 when several budgets were replayed,
 else the largest); without a replay of `oilbird`, from the live decoder's share with the gain unknown
-(so never "enable"). Live decoder results are shown beside the replay as the ground truth; the
-warm-pool replay and other node budgets are secondary tables.
+(so never "enable"). A missing or invalid field in a file the verdict reads (data/results.py's schema)
+gives "cannot decide: <file> lacks <field>" instead of a decision; no other quantity is read in its place
+(the share over accepted draft tokens is never the rule's share). Live decoder results are shown beside
+the replay as the ground truth; the warm-pool replay and other node budgets are secondary tables.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from data.results import Problem
 from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
-from decoder.verdict import Verdict, verdict
+from decoder.verdict import CANNOT_DECIDE, Verdict, cannot_decide, verdict
 from reports import charts
 from reports.arms import (
     BASIS_TEXT,
@@ -48,11 +51,12 @@ from reports.links import evidence_name, has_evidence, replay_command
 from reports.results import Arm, Result
 from reports.target import lexical_comparison
 
-DECISION_CSS = {"enable": "enable", "neutral": "neutral", "leave off": "off"}
+DECISION_CSS = {"enable": "enable", "neutral": "neutral", "leave off": "off", CANNOT_DECIDE: "cannot"}
 DECISION_TEXT = {
     "enable": "enable the semantic source",
     "neutral": "neutral: the semantic source neither clearly pays nor clearly costs on these numbers",
     "leave off": "leave the semantic source off",
+    CANNOT_DECIDE: "cannot decide: a result file the verdict reads lacks a field or holds an invalid value",
 }
 
 
@@ -67,6 +71,27 @@ class Decision:
     gain: dict  # the replay's paired_gain block ({} when absent)
     engine: str = "harness"  # the engine the replay was priced on (its profile's)
     form: str = "tree"  # the form of draft that engine verifies, which the verdict compares in
+
+
+def blockers(on: Arm, off: Arm | None) -> list[Problem]:
+    """Why no verdict can be read from these arms' summaries: every schema problem of either file
+    (data/results.py), else the rule's share when the key-on arm's file lacks it. Empty when it can decide."""
+    out = [p for arm in (on, off) if arm is not None for p in arm.problems]
+    if out or on.sole_source is not None:
+        return out
+    file, raw = str(on.folder / "summary.json"), on.summary.get("sole_source_share")
+    if isinstance(raw, dict) and "value" in raw:
+        return [Problem(file, "sole_source_share.value", "(no share computed)")]
+    if "draft" in on.shares:
+        return [Problem(file, "sole_source_share", "lacks", detail="over all committed tokens (it gives only the "
+                        "share over accepted draft tokens, which is larger and not the rule's)")]
+    return [Problem(file, "sole_source_share", "lacks")]
+
+
+def decision_problems(result: Result) -> list[Problem]:
+    """The problems that keep this result's verdict from deciding (none when it decides, or has no verdict)."""
+    d = decide(result)
+    return blockers(d.arm, d.off) if undecidable(d) else []
 
 
 def decide(result: Result) -> Decision | None:
@@ -85,18 +110,30 @@ def decide(result: Result) -> Decision | None:
         gain = as_dict(on.summary.get("paired_gain"))
         if gain.get("versus", off_name) != off_name:
             gain = {}
+        why = blockers(on, off)
+        if why:
+            return Decision("replay", cannot_decide([str(p) for p in why], on_name, off_name), on, off, gain, engine,
+                            form)
         v = verdict(share.get("share"), share.get("interval"), gain.get("interval"), est_speedup(on),
                     est_speedup(off) if off is not None else None, on_name, off_name)
         return Decision("replay", v, on, off, gain, engine, form)
     arms = share_arms(result)
-    if not arms:
+    main = named(result.arms, ON_ARM) or (arms[0] if arms else None)
+    if main is None:
         return None
-    main = arms[0]
     off = named(result.arms, OFF_ARM) if main.name == ON_ARM else None
+    why = blockers(main, off)
+    if why:
+        return Decision("live", cannot_decide([str(p) for p in why]), main, off, {})
     both = off is not None and live_speedup(main) is not None and live_speedup(off) is not None
     v = verdict(main.sole_source["share"], main.sole_source.get("interval"), None,
                 live_speedup(main) if both else None, live_speedup(off) if both else None)
     return Decision("live", v, main, off, {})
+
+
+def undecidable(d: Decision | None) -> bool:
+    """Whether the verdict could not be read (a result file lacks a field or holds an invalid value)."""
+    return d is not None and d.verdict.decision == CANNOT_DECIDE
 
 
 def verdict_callout(d: Decision, lead: str) -> str:
@@ -142,6 +179,10 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
             else "a token tree")
     lead = (f"From the replay of the captured traces (strictly-past pool, {number(on.nodes)} candidate nodes, "
             f"{number(on.summary.get('requests'))} requests), in the form {engine} verifies: {form}. ")
+    if undecidable(d):
+        return [verdict_callout(d, lead), not_available(
+            f"no verdict and none of its numbers until the file is rewritten: `{command} --arms "
+            f"{on_name},{off_name}` recomputes both arms; the arms table below shows the values that are valid")]
     parts = [verdict_callout(d, lead), fastest_paragraph(result, d), shares_paragraph(on, "replay")]
     g = d.gain
     if g:
@@ -247,6 +288,10 @@ def live_verdict(result: Result, d: Decision) -> list[str]:
     """The verdict read from the live decoder (no replay of oilbird): its share, the measured speedups, and the
     replay an "enable" would need."""
     best = fastest_arm(result, exclude=d.arm)
+    if undecidable(d):
+        return [verdict_callout(d, f"From the live decoder (no replay with {ON_ARM}). "),
+                not_available(f"no verdict until the file is rewritten: run `{replay_command(result)}`, or decode "
+                              f"{ON_ARM} again")]
     return [verdict_callout(d, f"From the live decoder (no replay with {ON_ARM}). "),
             shares_paragraph(d.arm, "live decoder"),
             f"<p>Measured: <strong>{esc(d.arm.name)}</strong> {speed_text(d.arm)} over ar, against "

@@ -23,6 +23,9 @@ Folders whose name starts with "." are temporary (a folder being written) and ar
 A census or an arm counts as a result when its summary.json exists. A summary.json that is not a
 JSON object, or a positions.parquet that cannot be read, is an error naming the file (nothing is
 rendered from half a result); optional blocks and columns that are missing are reported on the page.
+Every census, replay, live, ablations and vLLM summary is checked against its schema (data/results.py):
+a value of the wrong type or range is read as null (not known) and listed in `problems`, which the page
+shows and the verdict refuses to decide on ("cannot decide: <file> lacks <field>", reports/decision.py).
 The sweeps and the vLLM bench are optional extras: a missing file is simply not shown, and one that cannot be
 read (not JSON, not the documented shape) becomes a one-line note on the page, never an error;
 a vLLM summary with "complete": false (the bench still running, or stopped) is shown as far as it got;
@@ -31,7 +34,6 @@ a non-finite or out-of-range number (NaN, Infinity, a share above 1) is read as 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +41,8 @@ from pathlib import Path
 import polars as pl
 
 from data.errors import OilbirdError
+from data.readfile import read_json as read_bounded_json
+from data.results import Problem, read_result
 from data.store.layout import (
     ABLATIONS_FILE,
     DECODE,
@@ -63,6 +67,7 @@ class Census:
     summary: dict
     positions: pl.DataFrame | None  # None when positions.parquet is missing
     missing_columns: tuple[str, ...] = ()
+    problems: list[Problem] = field(default_factory=list)  # summary.json against its schema (data/results.py)
 
 
 @dataclass
@@ -76,12 +81,14 @@ class Arm:
     kind: str = "live"  # "live" or "replay"
     pool: str = "past"  # the replay's pool ("past" or "warm"); live arms: "past"
     nodes: int | None = None  # node budget (summary.json `nodes`, else the nodes-<N> folder)
+    problems: list[Problem] = field(default_factory=list)  # summary.json against its schema (data/results.py)
 
     @property
     def sole_source(self) -> dict | None:
-        """The share the verdict reads: over committed tokens (the paper's) if known, else over accepted
-        draft tokens (an older live summary); the entry's `basis` says which."""
-        return self.shares.get("committed") or self.shares.get("draft")
+        """The share the verdict reads: over committed tokens (the paper's definition), or None. Never the
+        share over accepted draft tokens in its place: that one is always larger (it drops the bonus tokens
+        from the denominator) and would move the verdict across its lines."""
+        return self.shares.get("committed")
 
 
 @dataclass
@@ -103,6 +110,15 @@ class Result:
     vllm: dict | None = None  # vllm/summary.json (benchmarks/bench_vllm.py), None when absent or unreadable
     vllm_note: str | None = None  # set when vllm/summary.json exists but cannot be read: the page shows this line
     store_fingerprint: str | None = None  # the store's fingerprint now (None: no store); reports/freshness.py
+    file_problems: list[Problem] = field(default_factory=list)  # ablations.json and vllm/summary.json's
+
+    @property
+    def problems(self) -> list[Problem]:
+        """Every schema problem of every result file read for this result (data/results.py), in reading order."""
+        holders = (*self.censuses, *self.arms, *self.replay, *(a for arms in self.replay_nodes.values() for a in arms),
+                   *self.replay_warm, *(a for arms in self.replay_warm_nodes.values() for a in arms))
+        unique = {id(h): h for h in holders}.values()  # an arm of several budgets is in replay and replay_nodes
+        return [p for holder in unique for p in holder.problems] + self.file_problems
 
     @property
     def has_decoder(self) -> bool:
@@ -133,10 +149,8 @@ def unreadable(path: Path, e: Exception) -> OilbirdError:
 
 
 def read_json(path: Path) -> dict:
-    try:
-        obj = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise unreadable(path, e)
+    """A small JSON object (traces/meta.json), read with data/readfile.py's bounds."""
+    obj = read_bounded_json(path, "result file")
     if not isinstance(obj, dict):
         raise OilbirdError(f"{path} is not a JSON object")
     return obj
@@ -203,8 +217,8 @@ def sole_source_shares(summary: dict, cycles_path: Path, replay: bool | None = N
     entry = _share_entry(summary.get("sole_source_share_of_draft"), "draft", "summary.json")
     if entry is not None:
         out["draft"] = entry
-    if out:
-        return out
+    if out or summary.get("kind") in ("replay", "live"):
+        return out  # a summary from today's writers is the record: a share it lacks is not recounted elsewhere
     by_source = summary.get("accepted_by_source")
     if not isinstance(by_source, dict) or SEMANTIC_SOURCE not in by_source or not cycles_path.exists():
         return out
@@ -227,14 +241,14 @@ def sole_source_shares(summary: dict, cycles_path: Path, replay: bool | None = N
 
 
 def sole_source_share(summary: dict, cycles_path: Path) -> dict | None:
-    """The share the verdict reads (committed tokens if known, else accepted draft tokens), or None."""
-    shares = sole_source_shares(summary, cycles_path)
-    return shares.get("committed") or shares.get("draft")
+    """The share the verdict reads (over all committed tokens), or None: never the draft-token share instead."""
+    return sole_source_shares(summary, cycles_path).get("committed")
 
 
 def read_arm(folder: Path, kind: str, pool: str = "past", nodes: int | None = None) -> Arm:
-    """The arm whose summary.json (and cycles.parquet) lie in `folder`."""
-    summary = read_json(folder / "summary.json")
+    """The arm whose summary.json (and cycles.parquet) lie in `folder`, checked against its schema."""
+    checked = read_result(folder / "summary.json", "replay" if kind == "replay" else "live")
+    summary = checked.doc
     arm = summary.get("arm")
     name = str(arm) if isinstance(arm, (str, int)) and not isinstance(arm, bool) and str(arm) else None
     if name is None:
@@ -242,7 +256,7 @@ def read_arm(folder: Path, kind: str, pool: str = "past", nodes: int | None = No
     n = summary.get("nodes")
     nodes = int(n) if _finite(n) and float(n).is_integer() else nodes
     shares = sole_source_shares(summary, folder / "cycles.parquet", replay=kind == "replay" or None)
-    return Arm(name, folder, summary, shares, kind, pool, nodes)
+    return Arm(name, folder, summary, shares, kind, pool, nodes, checked.problems)
 
 
 # ---------------------------------------------------------------- sweeps (python -m census sweep-*)
@@ -285,12 +299,11 @@ def read_sweep(path: Path, kind: str) -> Sweep:
     with `note` set (one line), a bad number gives None in its row (counted in `bad_values`), and a row
     that is not an object or lacks its name is dropped (counted in `dropped_rows`)."""
     sweep = Sweep(kind, path)
-    try:
-        text = path.read_text(encoding="utf-8")
-        obj = json.loads(text)  # NaN / Infinity (Python's json writes them) parse, then fail _in_range
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        sweep.note = f"{path.parent.name}/{path.name} could not be read ({type(e).__name__}: {first})"
+    try:  # bounded (data/readfile.py); NaN / Infinity (Python's json writes them) parse, then fail _in_range
+        obj = read_bounded_json(path, "sweep file")
+    except OilbirdError as e:
+        why = str(e).replace(f"sweep file {path} ", "")
+        sweep.note = f"{path.parent.name}/{path.name} could not be read ({why[3:] if why.startswith('is ') else why})"
         return sweep
     rows = obj.get("rows") if isinstance(obj, dict) else None
     if not isinstance(rows, list):
@@ -362,6 +375,7 @@ class Ablations:
     note: str | None = None  # set when the file could not be read: the page shows this one line instead
     bad_values: int = 0
     dropped_rows: int = 0
+    problems: list[Problem] = field(default_factory=list)  # against its schema (data/results.py)
 
 
 def _interval(v) -> list[float] | None:
@@ -405,15 +419,12 @@ def read_ablations(path: Path) -> Ablations:
     `note` (one line)."""
     abl = Ablations(path)
     name = f"{path.parent.name}/{path.name}"
-    try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        abl.note = f"{name} could not be read ({type(e).__name__}: {first})"
+    try:  # bounded (data/readfile.py) and checked (data/results.py): a bad value is read as null, and said
+        checked = read_result(path, "ablations")
+    except OilbirdError as e:
+        abl.note = f"{name} could not be read ({_why(e, path)})"
         return abl
-    if not isinstance(obj, dict):
-        abl.note = f"{name} could not be read (not a JSON object)"
-        return abl
+    obj, abl.problems = checked.doc, checked.problems
     for key in ("bench", "model", "pool", "nodes", "requests", "seconds"):
         v = obj.get(key)
         if isinstance(v, str) or (_finite(v) and v >= 0):
@@ -459,23 +470,31 @@ def load_ablations(folder: Path) -> Ablations | None:
 VLLM_FILE = "vllm/summary.json"
 
 
-def load_vllm(folder: Path) -> tuple[dict | None, str | None]:
-    """(summary, None) from vllm/summary.json, (None, note) when it exists but cannot be read (not JSON, not an
-    object, no list of rows), (None, None) when there is none. Never raises for the file's content; the
-    values inside the rows are checked where they are shown."""
+def _why(e: OilbirdError, path: Path) -> str:
+    """An error about `path` without the path itself (the page names the file relative to the result)."""
+    text = str(e)
+    for prefix in (f"cannot read {path}: ", f"{path} "):
+        text = text.replace(prefix, "")
+    text = text.strip()
+    return (text[3:] if text.startswith("is ") else text) or type(e).__name__
+
+
+def load_vllm(folder: Path) -> tuple[dict | None, str | None, list[Problem]]:
+    """(summary, None, problems) from vllm/summary.json, (None, note, []) when it exists but cannot be read (not
+    JSON, not an object, no list of rows), (None, None, []) when there is none. Never raises for the file's
+    content: a value against its schema (data/results.py) is read as null and listed in `problems`."""
     path = folder / VLLM_FILE
     if not path.exists():
-        return None, None
+        return None, None, []
     if not path.is_file():
-        return None, f"{VLLM_FILE} is not a file"
+        return None, f"{VLLM_FILE} is not a file", []
     try:
-        obj = read_json(path)
-    except (OilbirdError, RecursionError) as e:
-        why = str(e).replace(f"cannot read {path}: ", "").replace(f"{path} is ", "").strip()  # no absolute path
-        return None, f"{VLLM_FILE} could not be read ({why or type(e).__name__})"
-    if not isinstance(obj.get("rows"), list):
-        return None, f"{VLLM_FILE} could not be read (has no list of rows)"
-    return obj, None
+        checked = read_result(path, "vllm")
+    except OilbirdError as e:
+        return None, f"{VLLM_FILE} could not be read ({_why(e, path)})", []
+    if not isinstance(checked.doc.get("rows"), list):
+        return None, f"{VLLM_FILE} could not be read (has no list of rows)", []
+    return checked.doc, None, checked.problems
 
 
 DECISION_NODES = 60  # with several node budgets, the decision reads this one if replayed, else the largest
@@ -532,10 +551,11 @@ def load_result(folder: Path) -> Result | None:
     for cdir in census_dirs:
         if not (cdir / "summary.json").exists():
             continue
-        summary = read_json(cdir / "summary.json")
+        checked = read_result(cdir / "summary.json", "census")
+        summary = checked.doc
         positions, missing = read_positions(cdir / "positions.parquet")
         pool = str(summary.get("pool") or census_pool(cdir.name))
-        result.censuses.append(Census(cdir, pool, summary, positions, missing))
+        result.censuses.append(Census(cdir, pool, summary, positions, missing, checked.problems))
     decode = folder / DECODE
     if decode.is_dir():
         arm_dirs = sorted((p for p in decode.iterdir() if p.is_dir() and not p.name.startswith(".")
@@ -546,7 +566,8 @@ def load_result(folder: Path) -> Result | None:
     result.replay_warm, result.replay_warm_nodes = load_replay(folder / replay_name("warm"), "warm")
     result.sweeps = load_sweeps(folder)
     result.ablations = load_ablations(folder)
-    result.vllm, result.vllm_note = load_vllm(folder)
+    result.vllm, result.vllm_note, vllm_problems = load_vllm(folder)
+    result.file_problems = (result.ablations.problems if result.ablations else []) + vllm_problems
     return (result if result.censuses or result.has_decoder or result.sweeps or result.ablations
             or result.vllm is not None or result.vllm_note else None)
 

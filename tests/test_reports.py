@@ -34,7 +34,7 @@ from reports.census_sections import recall_curve
 from reports.decision import DECISION_CSS, DECISION_TEXT
 from reports.links import page_name
 from reports.render import render_site, write_site
-from reports.results import find_results, sole_source_share
+from reports.results import find_results, sole_source_share, sole_source_shares
 
 SHARED = Path(os.environ.get("OILBIRD_SHARED", Path(__file__).resolve().parents[2] / "shared"))
 STORIES = SHARED / "models" / "stories260k"
@@ -146,6 +146,14 @@ def write_arm(folder: Path, arm: str, speedup: float, labels: list[str], summary
 
 SEMANTIC_LABELS = ["semantic", "sam|semantic", "semantic", "adjacency", "sam", "sam", "semantic", "adjacency|sam",
                    "sam", "sam"]  # 3 of 10 accepted tokens from the semantic source alone
+
+
+def modern_oilbird(runs: Path) -> None:
+    """The live oilbird arm as today's decoder writes it (`kind`, both shares): make_runs' older one gives only the
+    share over draft tokens, on which the verdict cannot decide (and `python -m reports` exits 2)."""
+    write_arm(runs / "toy" / "toy-model" / "decode" / "oilbird", "oilbird", 2.5, SEMANTIC_LABELS, {
+        "kind": "live", "sole_source_share": {"value": 0.25, "interval": [0.2, 0.3], "sole": 3, "tokens": 12},
+        "sole_source_share_of_draft": {"value": 0.3, "interval": [0.25, 0.35], "sole": 3, "accepted": 10}})
 
 
 def make_runs(root: Path, *, model: str | None = None, decode: bool = True, df: pl.DataFrame | None = None,
@@ -275,11 +283,12 @@ def test_census_page_states_the_numbers(toy_page):
     gap = df["gap"].to_numpy()
     k_seen, n_seen = int((gap & ~novel).sum()), int((~novel).sum())
     assert f"{k_seen:,}/{n_seen:,}" in text and f"{int((gap & novel).sum())}/{int(novel.sum())}" in text
-    # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and the verdict; live
-    # results without a replay have no paired gain, so decoder.verdict cannot say "enable" on them
+    # the decoder: tau and speedup per arm, per-source tokens, the sole-source share and the verdict. The fixture's
+    # live oilbird (an older summary) gives only the share over accepted draft tokens: the verdict cannot decide
+    # rather than read that larger share in place of the rule's (issue 35)
     assert "2.50×" in text and "30.0%" in text and "3 of 10" in text
-    assert decision_of(page)[0] == "neutral" and f"Verdict: {DECISION_TEXT['neutral']}." in text
-    assert "kept from enable: no paired tau gain interval" in text
+    assert decision_of(page)[0] == "cannot" and f"Verdict: {DECISION_TEXT['cannot decide']}." in text
+    assert "lacks sole_source_share over all committed tokens" in text
     assert "python -m decoder replay --bench toy --model toy-model" in text
 
 
@@ -408,12 +417,15 @@ def test_odd_summary_values_render_as_not_available(tmp_path):
 def test_sole_source_share_and_decision_class(tmp_path):
     runs = make_runs(tmp_path)
     arm = runs / "toy" / "toy-model" / "decode" / "oilbird"
-    got = sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet")
-    # the fixture's cycles.parquet has no `committed` column: only the share of accepted draft tokens
-    assert got == {"share": 0.3, "interval": None, "sole": 3, "total": 10, "basis": "draft", "definition": None,
-                   "from": "cycles.parquet"}
+    got = sole_source_shares(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet")
+    # the fixture's cycles.parquet has no `committed` column: only the share of accepted draft tokens, which the
+    # verdict never reads in place of the committed one (issue 35)
+    assert sole_source_share(json.loads((arm / "summary.json").read_text()), arm / "cycles.parquet") is None
+    assert got["draft"] == {"share": 0.3, "interval": None, "sole": 3, "total": 10, "basis": "draft",
+                            "definition": None, "from": "cycles.parquet"}
     # the decoder's own figure wins when summary.json carries it; an old one (no `tokens`) is the draft share
-    old = sole_source_share({"sole_source_share": {"value": 0.05, "sole": 5, "accepted": 100}}, arm / "cycles.parquet")
+    old = sole_source_shares({"sole_source_share": {"value": 0.05, "sole": 5, "accepted": 100}},
+                             arm / "cycles.parquet")["draft"]
     assert old["share"] == 0.05 and old["basis"] == "draft" and old["total"] == 100
     # an arm without the semantic source has no share
     lex = runs / "toy" / "toy-model" / "decode" / "lexical"
@@ -426,7 +438,7 @@ def test_sole_source_share_and_decision_class(tmp_path):
     assert callout(0.12) == "neutral" and callout(0.05) == "neutral"
     assert callout(0.12, [1.01, 1.1]) == "enable" and callout(0.09, [1.01, 1.1]) == "enable"
     assert callout(0.01) == "off" and callout(0.12, [0.9, 0.99]) == "off"
-    write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": 0.021})
+    write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": {"value": 0.021, "sole": 21, "tokens": 1000}})
     text = "".join(parse(render_one(runs)).text)
     assert "2.10%" in text and DECISION_TEXT["leave off"] in text
     assert "oilbird 1.80× over ar, against 2.00× for the best other arm (lexical)" in text
@@ -689,7 +701,7 @@ def test_replay_text_is_escaped(tmp_path):
     arms[1]["exact_reason"] = '<img src=x onerror=alert(1)> "quoted" & more'
     arms[3]["estimate"]["profile"] = "runs/<b>profile</b>.json"
     arms[3]["estimate"]["device_name"] = "<i>GPU</i>"
-    arms[3]["nodes"] = "<u>60</u>"
+    arms[1]["nodes"] = "<u>60</u>"  # on an arm the verdict does not read: it still decides
     write_replay(folder, arms)
     odd = '<b onmouseover="x">odd folder'
     (folder / "replay" / odd).mkdir()  # a folder name from the file system
@@ -715,8 +727,10 @@ def test_missing_replay_keys_render_as_not_available(tmp_path):
     for page in pages.values():
         assert_offline(page)
     cls, text = decision_of(pages["toy__toy-model.html"])
-    assert cls == "neutral" and "no sole-source share for oilbird" in text and "n/a" in text
-    assert "4.00" in text
+    # the verdict's arm lacks its share and its twin's values are invalid: it cannot decide, and never guesses
+    assert cls == "cannot" and f"cannot decide: {folder / 'replay' / 'oilbird' / 'summary.json'} lacks tau" in text
+    assert "oilbird-no-semantic/summary.json has tau = \"fast\" not an object {value, interval}" in text
+    assert "n/a" in text and "4.00" in text
 
 
 def test_live_summary_with_both_share_definitions(tmp_path):
@@ -929,8 +943,8 @@ def test_corrupt_or_odd_sweeps_give_a_note(tmp_path):
     assert_offline(page)
     text = block_text(sweep_block(page, "sweep-index"))
     assert text.startswith("Index compression") and "Traceback" not in page
-    assert ("not available: sweeps/index.json could not be read (JSONDecodeError: Expecting property name "
-            "enclosed in double quotes: line 1 column 2 (char 1)); rerun `python -m census sweep-index`") in text
+    assert ("not available: sweeps/index.json could not be read (not valid JSON (Expecting property name "
+            "enclosed in double quotes: line 1 column 2 (char 1))); rerun `python -m census sweep-index`") in text
     assert "<svg" not in sweep_block(page, "sweep-index") and "<table" not in sweep_block(page, "sweep-index")
     text = block_text(sweep_block(page, "sweep-budget"))
     assert "not available: sweeps/budget.json could not be read (not a JSON object); rerun `python -m census " \
@@ -942,7 +956,7 @@ def test_corrupt_or_odd_sweeps_give_a_note(tmp_path):
 
     # no rows, rows not a list, unreadable bytes: one line each
     for content, why in (('{"rows": []}', "holds no usable rows"), ('{"rows": {"a": 1}}', "has no list of rows"),
-                         (b"\xff\xfe{", "could not be read (UnicodeDecodeError")):
+                         (b"\xff\xfe{", "could not be read (not valid JSON (")):
         path = runs / "toy" / "toy-model" / "sweeps" / "index.json"
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
         assert why in block_text(sweep_block(render_one(runs), "sweep-index")), why
@@ -1014,6 +1028,7 @@ def test_cli_writes_site_and_fails_cleanly(tmp_path, capsys):
     assert "no results folder" in capsys.readouterr().err and not out.exists()
 
     runs = make_runs(tmp_path)  # no traces/meta.json: token ids, no tokenizer
+    modern_oilbird(runs)
     assert main(["--runs", str(runs), "--out", str(out), "--quiet"]) == 0
     assert sorted(p.name for p in out.iterdir()) == ["grid.html", "index.html", "toy__toy-model.html"]
     assert (out / "index.html").stat().st_mode & 0o777 == 0o644
@@ -1065,6 +1080,7 @@ def test_links_to_odd_file_names_are_url_encoded(tmp_path):
     from reports.__main__ import main
 
     runs = make_runs(tmp_path)
+    modern_oilbird(runs)
     odd = runs / "a#b?c.jsonl"
     (runs / "toy").rename(odd)
     out = tmp_path / "html"
