@@ -265,3 +265,18 @@ def test_bench_vllm_result_nested_too_deep_is_one_line(tmp_path, monkeypatch):
     monkeypatch.setattr(bv.subprocess, "run", fake_run)
     with pytest.raises(OilbirdError, match="nested deeper"):
         bv.run_one("m", tmp_path / "p.jsonl", "oilbird-chain", 1, 8, 16, 60, out)
+
+
+def test_store_bytes_are_read_into_arrow_owned_memory(tmp_path):
+    """What the rc-134 fix rests on: the bytes a store read hands pyarrow are in memory Arrow allocated,
+    equal to the file's, whatever the buffer they came from."""
+    import pyarrow as pa
+
+    from data.store.arrowmem import arrow_owned, read_file_buffer
+
+    f = tmp_path / "x.bin"
+    f.write_bytes(bytes(range(256)) * 3)
+    buf = read_file_buffer(f)
+    assert isinstance(buf, pa.Buffer) and buf.to_pybytes() == f.read_bytes()
+    for data in (b"abc", memoryview(b"abcdef")[1:4], bytearray(b"xy"), b""):
+        assert arrow_owned(data).to_pybytes() == bytes(data)

@@ -25,7 +25,7 @@ def arrow_owned(data) -> pa.Buffer:
     """A copy of `data` (bytes or any buffer) in a buffer Arrow allocated."""
     view = memoryview(data).cast("B")
     buf = pa.allocate_buffer(view.nbytes)
-    memoryview(buf)[:] = view
+    memoryview(buf).cast("B")[:] = view
     return buf
 
 
