@@ -48,6 +48,7 @@ from tiling import (  # benchmarks/tiling.py, beside this script
 )
 
 from data.errors import OilbirdError, cli_entry
+from data.readfile import read_json
 from data.store.layout import census_dir, default_profile_path, model_slug, store_dir
 from data.store.reader import open_store
 from data.store.schema import prompt_hash
@@ -88,7 +89,7 @@ def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int =
     n = int(store.offsets[-1])
     tiles = math.ceil(positions / n)
     if (dst / "meta.json").exists():
-        have = json.loads((dst / "meta.json").read_text())
+        have = read_json(dst / "meta.json", "scaled store meta.json")
         if have.get("complete") and have.get("scale", {}).get("tiles") == tiles \
                 and have["scale"].get("noise") == noise and have["scale"].get("order") == "interleaved":
             return have["scale"]
@@ -126,7 +127,7 @@ def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, rec
     if proc.returncode:
         raise OilbirdError(f"the census of the scaled store failed (exit {proc.returncode}; its error is above)")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
-    summary = json.loads((census_dir(out, bench, model_slug(model)) / "summary.json").read_text())
+    summary = read_json(census_dir(out, bench, model_slug(model)) / "summary.json", "census summary")
     return {"wall_s": round(wall, 1), "peak_rss_gib": round(peak, 2), "summary": summary}
 
 
@@ -196,7 +197,7 @@ def main(argv=None) -> int:
                  gap=s.get("gap"), recall=s.get("recall"))
         base = census_dir(args.out, args.bench, slug) / "summary.json"
         if base.exists():
-            b = json.loads(base.read_text())
+            b = read_json(base, "census summary")
             bl = b["timing"]["parts_s"].get("lexical")
             if bl:
                 per_small = bl / b["positions"]

@@ -29,6 +29,7 @@ import pyarrow.parquet as pq
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data.errors import OilbirdError, cli_entry  # noqa: E402
+from data.readfile import read_json  # noqa: E402
 from data.store.files import atomic_write_json  # noqa: E402
 from data.store.layout import model_slug, store_dir  # noqa: E402
 
@@ -111,7 +112,7 @@ def main(argv=None) -> int:
                                      results_dir=str(bench_dir / "tps-vllm"), **common))
     with tempfile.TemporaryDirectory() as tmp:
         flat_path = Path(tmp) / "flat.json"
-        flat_path.write_text(json.dumps(flat_profile(json.loads(profile.read_text()), a.flat_ms)))
+        flat_path.write_text(json.dumps(flat_profile(read_json(profile, "profile"), a.flat_ms)))
         flat = run_replay(ReplayConfig(arms=("oilbird", "oilbird-fixed"), profile=str(flat_path),
                                        results_dir=str(bench_dir / "tps-flat"), **common))
     s = {arm: summ for (arm, _), summ in priced.items()}

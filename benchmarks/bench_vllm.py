@@ -46,6 +46,7 @@ import numpy as np
 from data.capture.models import resolve_model
 from data.capture.vllm_engine import require_vllm
 from data.errors import OilbirdError, cli_entry
+from data.readfile import read_json
 from data.store.files import atomic_write_json
 from data.store.layout import model_slug, store_dir
 from data.store.reader import open_store
@@ -94,7 +95,7 @@ def run_one(model_dir: str, prompts: Path, arm: str, batch: int, k: int, max_new
     if r.returncode != 0:
         tail = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
         raise OilbirdError(f"{arm} at batch {batch} failed: {tail[0]}")
-    return json.loads(out.read_text())
+    return read_json(out, f"vllm-run result of {arm} at batch {batch}")
 
 
 @cli_entry

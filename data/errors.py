@@ -1,5 +1,6 @@
 """The one user-facing error type: every entry point prints it as a single line and exits 2."""
 
+import errno
 import os
 import select
 import sys
@@ -24,7 +25,10 @@ def os_error_line(e: OSError) -> str:
     keep their text, joined into one line."""
     if e.strerror and e.filename is not None:
         line = f"{os.fsdecode(e.filename)}: {e.strerror}"
-        return line + (f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else "")
+        line += f" (and {os.fsdecode(e.filename2)})" if e.filename2 is not None else ""
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):  # what to do: the file is named, the old one intact
+            line += "; free space on that disk (or write elsewhere, e.g. --out) and rerun"
+        return line
     text = " ".join(str(e.strerror or e).split())
     return text if len(text) <= 500 else text[:497] + "..."
 

@@ -48,6 +48,7 @@ from data.errors import OilbirdError, cli_entry
 from data.results import check_written
 from data.store.files import atomic_write_json
 from data.store.layout import ABLATIONS_FILE, ablations_dir, model_dir, model_slug
+from decoder.draft import nodes_error
 from decoder.policy import LEXICAL_ARMS, TARGET_LOWER, TARGET_RATIO, target_status
 
 MERGED = "oilbird"
@@ -211,8 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default one per core)")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
-    if args.nodes < 1:
-        raise OilbirdError(f"--nodes must be >= 1 (got {args.nodes})")
+    if nodes_error(args.nodes, least=1):
+        raise OilbirdError(nodes_error(args.nodes, least=1))
     r = run(args.bench, args.model, args.out, args.nodes, args.bootstrap, args.jobs, not args.quiet)
     print(format_table(r))
     print(model_dir(args.out, args.bench, model_slug(args.model)) / ABLATIONS_FILE)

@@ -25,6 +25,18 @@ import numpy as np
 
 ROOT = -1  # parent index meaning "child of the anchor"
 
+# The most draft nodes one verification pass may hold, in every CLI (--nodes of the live decoder, replay,
+# ablations and the profile): the profile measures the verifier up to here, and a tree far beyond it only
+# costs memory (the live decoder took --nodes 100000, grew to 19.7 GB and was OOM-killed, issue 35).
+MAX_NODES = 256
+
+
+def nodes_error(nodes: int, least: int = 0, flag: str = "--nodes") -> str | None:
+    """Why `nodes` is no node budget (`least`..MAX_NODES), as the one-line error's text; None when it is one."""
+    if least <= nodes <= MAX_NODES:
+        return None
+    return f"{flag} must be {least}..{MAX_NODES} draft nodes per pass (got {nodes})"
+
 
 @dataclass
 class Draft:

@@ -90,7 +90,7 @@ from data.store.reader import open_store
 from data.store.schema import prompt_hash
 from data.versions import library_versions
 from decoder.audit import lossless_audit
-from decoder.draft import Drafter
+from decoder.draft import Drafter, nodes_error
 from decoder.engine import (
     check_supported,
     decode_greedy,
@@ -446,8 +446,8 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
                     extra_arms: dict[str, ArmFactory] | None) -> tuple[Serving, LoadedModel]:
     """Check the config and resolve the arms (bad input fails here, before the model loads), load the model
     unless given, encode the prompts, warm the model (and ar-static) up."""
-    if cfg.nodes < 0:
-        raise OilbirdError(f"--nodes must be 0 or more (got {cfg.nodes})")
+    if nodes_error(cfg.nodes):
+        raise OilbirdError(nodes_error(cfg.nodes))
     if cfg.rounds < 1:
         raise OilbirdError(f"--rounds must be at least 1 (got {cfg.rounds})")
     info = get_benchmark(cfg.bench)

@@ -34,12 +34,12 @@ import torch
 from data.capture.models import text_config
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
+from decoder.draft import MAX_NODES  # one bound for every CLI's --nodes
 from decoder.profile_engine import ENGINES
 
 FORMAT = 1
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS = (256, 512, 1024, 2048)  # when no trace store says which lengths the traffic has
-MAX_NODES = 256
 CONTEXT_ROUND = 16  # store quantiles are rounded up to a multiple of this (a tidy grid that covers the max)
 REQUIRED_KEYS = ("format", "model", "model_fingerprint", "nodes", "contexts", "verify_s", "prefill_lengths", "prefill_s")
 

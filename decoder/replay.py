@@ -42,6 +42,7 @@ import os
 import sys
 import time
 from dataclasses import dataclass
+from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Sequence
 
@@ -59,6 +60,8 @@ from data.store.layout import (
     store_dir,
 )
 from data.store.reader import current_summary, open_store
+from decoder.draft import nodes_error
+from decoder.workers import check_jobs, die_with_parent
 from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, decision_arms, paired_arm
@@ -274,11 +277,12 @@ def check_config(cfg: ReplayConfig) -> None:
         raise OilbirdError(f"--pool must be past or warm (got {cfg.pool!r})")
     if not cfg.nodes:
         raise OilbirdError("--nodes is empty; give e.g. 60 or 16,32,60")
-    bad = [n for n in cfg.nodes if n <= 0]
+    bad = [nodes_error(n, least=1) for n in cfg.nodes if nodes_error(n, least=1)]
     if bad:
-        raise OilbirdError(f"--nodes values must be positive (got {bad[0]})")
+        raise OilbirdError(bad[0])
     if len(set(cfg.nodes)) != len(cfg.nodes):
         raise OilbirdError("--nodes names a value twice")
+    check_jobs(cfg.jobs)
     if cfg.limit is not None and cfg.limit < 1:
         raise OilbirdError(f"--limit must be at least 1 (got {cfg.limit})")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
@@ -471,9 +475,11 @@ def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers,
                                                settings=settings)
             return out
         ctx = multiprocessing.get_context("spawn")  # fork would copy torch/polars thread state
-        with ctx.Manager() as manager:
+        manager = SyncManager(ctx=ctx)  # every helper ends with this process, even on kill -9 (decoder/workers.py)
+        manager.start(die_with_parent, (os.getpid(),))
+        with manager:
             queue = manager.Queue()
-            with ctx.Pool(n_workers) as pool:
+            with ctx.Pool(n_workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
                 pending = pool.map_async(_worker, [(arm, nodes, str(path), cfg.limit, cfg.max_new_tokens, cfg.pool,
                                                     vocab_size, queue, settings) for arm, nodes in jobs], chunksize=1)
                 done = 0
@@ -557,7 +563,7 @@ def replay_main(argv: list[str] | None = None) -> int:
             raise OilbirdError(f"--nodes must be comma-separated integers (got {args.nodes!r})") from None
         cfg = ReplayConfig(bench=args.bench, model=args.model, arms=tuple(args.arms.split(",")), nodes=nodes,
                            pool=args.pool, limit=args.limit, max_new_tokens=args.max_new_tokens, out=args.out,
-                           store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=max(0, args.jobs),
+                           store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=args.jobs,
                            progress=not args.quiet, index=args.index, store_budget=args.store_budget,
                            index_train_size=args.index_train, sizing=args.sizing)
         if args.if_missing and replay_is_current(cfg):

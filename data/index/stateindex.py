@@ -46,6 +46,11 @@ CODER = re.compile(r"^(sq4|sq6|sq8|fp16|flat|pq(\d+)(x(\d+))?(fs)?|pca(\d+)|opq(
 KNOBS = {"nprobe": 16, "efsearch": 64}
 DEFAULT_INDEX = "auto"  # the decoder's and replay's --index default (the census keeps exact)
 TRAIN_PER_CENTROID = 39  # faiss's own advice: k-means wants >= 39 points per centroid
+# The counts a spec may name, checked here because faiss does not: hnsw0 fails a C++ assertion that
+# aborts the process, hnsw1 segfaults, ivf0 and opq0 raise deep inside a search or a training (issue 35).
+# An HNSW node needs 2 links or more; 256 links per node is already 4x faiss's largest suggested M (64).
+# 65536 lists is faiss's own largest IVF suggestion (for 100M+ vectors); our pools are far smaller.
+SPEC_RANGES = {"hnsw": (2, 256), "ivf": (1, 65536), "opq": (1, None), "pca": (1, None)}
 
 
 @dataclass(frozen=True)
@@ -96,7 +101,20 @@ def _spec_parts(text: str, raw: str) -> tuple[dict, list[str]]:
                                "opq64,pq64, ivf1024,pq64, hnsw32 (knobs nprobe=N, efsearch=N)")
     if not coders:
         raise OilbirdError(f"index spec '{text}' names no index")
+    for c in coders:
+        _check_count(text, c)
     return knobs, coders
+
+
+def _check_count(text: str, coder: str) -> None:
+    """A count (hnsw links, ivf lists, opq or pca width) inside SPEC_RANGES, else one line with the range."""
+    kind = next((k for k in SPEC_RANGES if coder.startswith(k)), None)
+    if kind is None:
+        return
+    n, (lo, hi) = int(coder[len(kind):]), SPEC_RANGES[kind]
+    if n < lo or (hi is not None and n > hi):
+        valid = f"{lo}..{hi}" if hi is not None else f"{lo} or more"
+        raise OilbirdError(f"index spec '{text}': {coder} is out of range; {kind}N takes N = {valid}")
 
 
 def _spec_roles(text: str, coders: list[str], knobs: dict) -> tuple[list[str], list[str], list[str], list[str]]:
@@ -132,6 +150,8 @@ def _spec_factory(text: str, d: int | None, pre: list[str], ivf: list[str], hnsw
             factory += [f"PCA{n}", "L2norm"]  # centred projection, back on the unit sphere
             train_min, train_size = max(train_min, n + 1), max(train_size, 4 * n)
         else:
+            if d is not None and d % n:
+                raise OilbirdError(f"index spec '{text}': opq{n} needs {n} dividing the state width ({d})")
             factory.append(f"OPQ{n}")
             train_min, train_size = max(train_min, 256), max(train_size, TRAIN_PER_CENTROID * 256)
     if ivf:

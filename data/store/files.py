@@ -47,6 +47,12 @@ def atomic_write_bytes(path: Path, data) -> str:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is not None:
+            raise
+        # a write's OSError names no file ("No space left on device"): name the file it was for
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from e
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

@@ -17,6 +17,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from data.store.arrowmem import arrow_owned
 from data.store.schema import fill_zero, fixed_list_to_numpy, numpy_dtype
 
 
@@ -33,7 +34,7 @@ def _read_without_arrow_schema(data: bytes) -> pa.Table:
         raise ValueError("no single Arrow schema in the footer")
     at = data.index(key, start)
     plain = data[:at] + b"\x0cARROW:ignore" + data[at + len(key):]
-    return _conform(pq.read_table(pa.BufferReader(plain)), want)
+    return _conform(pq.read_table(pa.BufferReader(arrow_owned(plain))), want)  # arrowmem.py: why not bytes
 
 
 def _read_with_polars(data: bytes) -> pa.Table:

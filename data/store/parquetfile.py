@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
 from data.store import legacy
+from data.store.arrowmem import arrow_owned, read_file_buffer
 from data.store.schema import (
     OPTIONAL_COLUMNS,
     VALIDITY,
@@ -83,7 +84,8 @@ def _read_table(path: Path, blob) -> pa.Table:
     footer counts null rows goes to the fallbacks without a try: the failed read
     (apache/arrow#35692) can leave pyarrow 25 to abort at exit ("terminate called without an
     active exception"), which would make the one-line error two lines and exit code 134."""
-    data = bytes(blob) if blob is not None else None
+    # in memory Arrow owns (data/store/arrowmem.py: else an exit right after the read can abort, rc 134)
+    data = (blob if isinstance(blob, pa.Buffer) else arrow_owned(blob)) if blob is not None else None
     if not PYARROW_READS_NULL_ROWS:
         data = data if data is not None else _file_bytes(path)
         if _footer_counts_null_rows(data):
@@ -98,14 +100,14 @@ def _read_table(path: Path, blob) -> pa.Table:
     return _read_format1(path, data if data is not None else _file_bytes(path))
 
 
-def _file_bytes(path: Path) -> bytes:
+def _file_bytes(path: Path) -> pa.Buffer:
     try:
-        return path.read_bytes()
+        return read_file_buffer(path)
     except OSError as e:
         raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
 
 
-def _footer_counts_null_rows(data: bytes) -> bool:
+def _footer_counts_null_rows(data: pa.Buffer) -> bool:
     """A fixed-size-list column whose statistics in the footer count nulls, or keep no count (the
     writer's files carry them; a footer that does not parse is left to the read to report)."""
     try:
@@ -124,11 +126,12 @@ def _footer_counts_null_rows(data: bytes) -> bool:
     return False
 
 
-def _read_format1(path: Path, data: bytes) -> pa.Table:
+def _read_format1(path: Path, data: pa.Buffer) -> pa.Table:
     """A store-format-1 file through the fallbacks (data/store/legacy.py), or one line saying what to do."""
+    raw = bytes(data)  # the fallbacks edit the bytes
     for fallback in legacy.FALLBACKS:  # read at call time: the tests swap them
         try:
-            return fallback(data)
+            return fallback(raw)
         except Exception:  # noqa: BLE001 -- whatever stops a fallback, the next one (or the error) follows
             continue
     store = path.parent
@@ -189,9 +192,9 @@ def _fill_optional(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _read_checked(path: Path, schema: pa.Schema, legacy_ok: bool = True) -> tuple[pa.Table, str]:
-    """A Parquet file and the sha256 of its bytes (read once for both)."""
+    """A Parquet file and the sha256 of its bytes (read once for both, into memory Arrow owns)."""
     try:
-        blob = path.read_bytes()
+        blob = read_file_buffer(path)
     except OSError as e:
         raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
     return _parse_parquet(path, blob, schema, legacy_ok), hashlib.sha256(blob).hexdigest()

@@ -22,6 +22,7 @@ class under named presets: `ARM_PRESETS` maps an arm name to OilbirdConfig optio
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Sequence
 
 from data.errors import OilbirdError
@@ -107,6 +108,49 @@ def parse_variant(name: str) -> tuple[str, dict[str, str]]:
     return arm, opts
 
 
+# The values an arm variant's numeric field may take (`arm@field=value`): a NaN or a value outside these
+# was taken silently and changed results (oilbird@theta=nan: sole-source share 8.1% -> 0.6%, issue 35).
+# Every numeric Config field of every drafter is named here (tests/test_trust_exits.py checks it);
+# None: no bound on that side. Cosines are in [-1, 1], probabilities and rates in [0, 1]; counts are
+# 0 or more, and 1 or more where a count divides or sizes a container (k neighbours, a ring, a batch).
+COSINES = ("theta", "rollout_theta", "key_floor")
+RATES = ("min_token_prob", "calib_min_hit_rate")
+AT_LEAST_ONE = ("k", "batch", "ring_size", "key_probe_every", "memory_k")
+COUNTS = ("max_ngram", "max_copy", "max_depth", "max_match", "spine_max", "branch_top", "branch_max",
+          "template_nodes", "adjacency_reserve", "retrieval_budget", "offset", "min_chain", "pld_max_ngram",
+          "pld_max_copy", "rollouts", "root_branching", "rollout_depth", "request_traces", "request_ngram",
+          "calib_window", "calib_cooldown", "key_patience", "key_floor_skip", "index_train_size",
+          "knn_recall_every", "one_source_min_match", "chain", "max_tree_depth", "max_cached_requests",
+          "init_min_match", "separator_window", "min_ngram")
+OPTION_RANGES: dict[str, tuple[float | None, float | None]] = {
+    **{k: (-1.0, 1.0) for k in COSINES}, **{k: (0.0, 1.0) for k in RATES},
+    **{k: (1, None) for k in AT_LEAST_ONE}, **{k: (0, None) for k in COUNTS},
+    "max_spec_factor": (0.0, None), "max_spec_offset": (None, None),
+    "num_speculative_tokens": (-1, None),  # -1: vLLM's default (suffix_arctic.py)
+}
+
+
+def _check_range(name: str, key: str, value) -> None:
+    """A converted variant value: finite and inside OPTION_RANGES, else one line naming arm and field."""
+    lo, hi = OPTION_RANGES.get(key, (None, None))
+    if key == "depth_schedule":  # (cosine threshold, depth) steps
+        bad = [v for t, d in value for v in (t, d) if not math.isfinite(v)]
+        bad += [t for t, _ in value if not -1 <= t <= 1] + [d for _, d in value if d < 0]
+        if bad:
+            raise OilbirdError(f"arm variant {name!r}: depth_schedule={bad[0]!r} is out of range "
+                               "(thresholds are cosines in -1..1, depths 0 or more)")
+        return
+    if key == "rank_depths":  # depths by neighbour rank
+        lo = 0
+    for v in value if isinstance(value, tuple) else (value,):
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            continue
+        if not math.isfinite(v) or (lo is not None and v < lo) or (hi is not None and v > hi):
+            span = (f"{lo:g}..{hi:g}" if lo is not None and hi is not None else f"{lo:g} or more"
+                    if lo is not None else f"at most {hi:g}" if hi is not None else "a finite number")
+            raise OilbirdError(f"arm variant {name!r}: {key}={v!r} is out of range ({key} takes {span})")
+
+
 def _convert(name: str, key: str, text: str, default):
     """A variant's value in the type of the field's default: bool (on/off), int, float, str, a depth
     schedule `0.9x48_0.82x8` (threshold x depth, '_' between steps) or a list of ints `16_8_4`."""
@@ -151,7 +195,10 @@ def make_drafter(name: str, *, vocab_size: int, nodes: int = 60, shared: dict | 
         if bad:
             raise OilbirdError(f"arm variant {name!r}: {arm} has no field {', '.join(bad)}; "
                                f"fields: {', '.join(sorted(fields)) or 'none'}")
-        options = {**{k: _convert(name, k, v, getattr(defaults, k)) for k, v in written.items()}, **options}
+        converted = {k: _convert(name, k, v, getattr(defaults, k)) for k, v in written.items()}
+        for k, v in converted.items():
+            _check_range(name, k, v)
+        options = {**converted, **options}
     options = {**{k: v for k, v in (shared or {}).items() if k in fields}, **options}
     unknown = sorted(set(options) - fields)
     if unknown:

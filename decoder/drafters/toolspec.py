@@ -150,7 +150,7 @@ def extract_schema(text: str) -> dict[str, list[str]]:
             continue
         try:
             obj = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):  # model or prompt text: tolerated, never an error
             continue
         fn = obj.get("function", obj) if isinstance(obj, dict) else None
         if isinstance(fn, dict) and isinstance(fn.get("name"), str) and isinstance(fn.get("parameters"), dict):
