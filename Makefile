@@ -47,7 +47,7 @@ REPLAY_ARMS ?= decision
 # The batch sizes the vLLM profile measures (the decision prices each; the harness profile measures batch 1)
 PROFILE_BATCHES ?= 1,8
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm bench-tps screenshot sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm bench-tps screenshot probe sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -199,6 +199,11 @@ bench-tps: $(STAMP)
 # The README's picture: the decision block of a rendered benchmark page (headless Chromium; after make census)
 screenshot: $(STAMP)
 	$(PY) benchmarks/screenshot_report.py --page reports/html/$(BENCH)__$(MODEL).html --out docs/img/decision-$(BENCH).png
+
+# The hostile-input probe of issue 35 (benchmarks/probe_trust.py): every case a clean refusal or correct;
+# PROBE_ARGS="--vllm" adds the vLLM settings cases.
+probe: $(STAMP)
+	$(PY) benchmarks/probe_trust.py $(PROBE_ARGS)
 
 bench-draft: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(if $(LIMIT),--limit $(LIMIT))

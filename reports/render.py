@@ -64,6 +64,12 @@ def write_site(out: Path, pages: dict[str, str]) -> list[Path]:
                 f.write(text.encode("utf-8"))
             os.chmod(tmp, 0o644)
             os.replace(tmp, out / name)
+        except OSError as e:
+            Path(tmp).unlink(missing_ok=True)
+            if e.filename is not None:
+                raise
+            # a write's OSError names no file ("No space left on device"): name the page it was for
+            raise OSError(e.errno, e.strerror or str(e), os.fspath(out / name)) from e
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -243,6 +243,32 @@ def test_full_disk_names_the_file(tmp_path, monkeypatch, capsys):
     assert not target.exists() and not list(tmp_path.iterdir())  # the temporary file is gone too
 
 
+def test_full_disk_names_the_page_and_the_trace(tmp_path, monkeypatch, capsys):
+    """The report's pages and the vLLM recorder's traces: a full disk names the file, no temporary is left."""
+    import numpy as np
+
+    import data.capture.vllm_capture as vc
+    import reports.render as render
+
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full")
+    real_fdopen = os.fdopen
+    monkeypatch.setattr(render.os, "fdopen", lambda fd, mode="r", *a, **k: (os.close(fd), open("/dev/full", mode))[1])
+    site = tmp_path / "html"
+    assert cli_entry(lambda: render.write_site(site, {"index.html": "<p>x</p>"}))() == 2
+    _one_line_error(capsys, f"{site / 'index.html'}: No space left on device", "free space")
+    assert not list(site.iterdir())
+    monkeypatch.setattr(render.os, "fdopen", real_fdopen)
+
+    real_open = open
+    monkeypatch.setattr(vc, "open", lambda p, mode="r", *a, **k: real_open("/dev/full", mode), raising=False)
+    trace = vc.Trace(**{k: np.zeros(2, dtype=np.int32) for k in vc.Trace.__dataclass_fields__})
+    folder = tmp_path / "traces"
+    assert cli_entry(lambda: vc.write_trace(folder, 3, trace))() == 2
+    _one_line_error(capsys, "No space left on device", "-00000003.npz")
+    assert not list(folder.iterdir())
+
+
 # ---------------------------------------------------------------- JSON read with bounds
 
 def test_toolspec_tolerates_deeply_nested_json_in_prompt_text():

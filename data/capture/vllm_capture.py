@@ -210,9 +210,16 @@ def write_trace(folder: Path, serial: int, trace: Trace) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{os.getpid()}-{serial:08d}.npz"
     tmp = folder / f".{path.name}.tmp"
-    with open(tmp, "wb") as f:
-        np.savez(f, **{k: getattr(trace, k) for k in Trace.__dataclass_fields__})
-    os.replace(tmp, path)
+    try:
+        with open(tmp, "wb") as f:
+            np.savez(f, **{k: getattr(trace, k) for k in Trace.__dataclass_fields__})
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if e.filename is not None:
+            raise
+        # a write's OSError names no file ("No space left on device"): name the trace it was for
+        raise OSError(e.errno, e.strerror or str(e), os.fspath(path)) from e
     return path
 
 

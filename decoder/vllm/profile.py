@@ -31,7 +31,9 @@ import numpy as np
 
 from data.errors import OilbirdError
 
-SCHEDULE_ENV = "OILBIRD_VLLM_PROFILE"  # "n,n,n:reps:out_path"; <out_path>.batch holds the rows of the walk
+# "n,n,n:reps:out_path"; <out_path>.batch holds the rows of the walk. Not OILBIRD_VLLM_PROFILE: that one
+# names the proposer's profile file, which the settings check reads (data/capture/vllm_settings.py)
+SCHEDULE_ENV = "OILBIRD_VLLM_PROFILE_SCHEDULE"
 
 
 class ProfileProposer:
