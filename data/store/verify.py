@@ -57,8 +57,11 @@ def verify_store(path: str | Path) -> str:
                               f"{meta['max_new_tokens']}")
     files = 1 + len(position_parts(p))
     line = f"OK: {p}: {st.n_requests} requests, {st.positions.height} generated tokens"
+    # open_store refused an edited sealed meta.json; an unsealed one (older code's) is said so
+    sealed = ("meta.json sealed" if st.meta_sealed else
+              f"meta.json unsealed (written before meta.json was sealed; `python -m data migrate {p}` seals it)")
     if not st.verified:
-        return line + "; unverified: no checksums recorded (written before checksums), contents checked"
+        return line + f"; unverified: no checksums recorded (written before checksums), contents checked; {sealed}"
     hashes = "prompt hashes, " if _hashes_checked(meta) else ""
-    return line + f"; {files} files match their checksums; {hashes}states, ids and counts checked"
+    return line + f"; {files} files match their checksums; {sealed}; {hashes}states, ids and counts checked"
 
