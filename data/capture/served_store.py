@@ -50,9 +50,11 @@ def served_meta(model_path: str, layer: int, max_len: int, dtype: str, device: s
     from data.store.schema import PROMPT_HASH_SCHEME
     from data.versions import library_versions
 
+    from data.capture.store_model import recorded_name
+
     lm = load_model(model_path, dtype="bfloat16", device="cpu", layer=layer)
     meta = {
-        "model": model_path, "model_path": model_path, "model_fingerprint": lm.fingerprint, "layer": lm.layer,
+        "model": recorded_name(model_path), "model_path": recorded_name(model_path),  # a folder: resolved "model_fingerprint": lm.fingerprint, "layer": lm.layer,
         "n_layers": lm.n_layers, "d_model": lm.d_model, "vocab_size": lm.vocab_size, "dtype": dtype, "device": device,
         "tokenizer_hash": lm.tokenizer_hash, "chat_template_hash": lm.chat_template_hash, "bench": bench,
         "data_fingerprint": "served", "requests_total": None, "mode": "generate", "max_new_tokens": int(max_len),

@@ -16,8 +16,10 @@ Layout of `runs/<bench>/<model>/traces/` (the folder: data/store/layout.py `stor
 The format (schemas, position semantics, the prompt hash): data/store/schema.py. Writing and the commit
 protocol: data/store/writer.py. The full check behind `python -m data verify`: data/store/verify.py.
 
-Readers (open_store) refuse an incomplete store, then verify every checksum (sha256 runs at about
-1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
+Readers (open_store) refuse a meta.json or store file that is not a regular file (a FIFO, a device:
+data/readfile.py), a meta.json whose seal does not match its fields (data/store/meta.py: an edited
+layer, vocab_size, model, ...), an incomplete store, then verify every checksum (sha256 runs at
+about 1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
 written before checksums existed (no `checksums` key) open unverified (`TraceStore.verified`).
 Checksums cannot be dropped to pass that check (`written_with_checksums`): every writer that
 records `checksums` has written `n_requests` beside them in the same meta.json (since checksums

@@ -16,7 +16,8 @@ STOP_REASONS = ("eos", "stop_string", "length", "reference", "unknown")
 def verify_store(path: str | Path) -> str:
     """The full check behind `python -m data verify`: everything open_store checks (checksums,
     schema, row counts, prompt hashes), then the values: states finite, token and top-k ids inside
-    the vocabulary, stop reasons known, ids unique. Returns the OK line; raises on the first problem."""
+    the vocabulary, stop reasons known, ids unique. Returns the OK line (which says whether meta.json is
+    sealed: data/store/meta.py); raises on the first problem."""
     st = open_store(path)
     p = st.path
     meta = st.meta
