@@ -107,7 +107,7 @@ def test_edited_meta_is_refused_by_every_reader(field, value, bench, out, storie
                        (replay_main, _replay(bench, out))):
         err = _one_line(main, argv, capsys)
         assert "meta.json was edited after capture" in err and "meta_sha256" in err, err
-    # the extension the census would suggest (a larger --limit, the edited layer) writes nothing
+    # extending the store (a larger --limit) is refused before it writes anything
     before = {f.name: f.read_bytes() for f in store.iterdir()}
     with pytest.raises(OilbirdError, match="edited after capture"):
         capture(_cfg(bench, out, limit=4), lm=stories)
@@ -161,13 +161,14 @@ def test_replay_checks_the_model_as_the_census_does(out, bench, tiny_dirs, tmp_p
     # another model's alias, the store given by --store
     err = _one_line(replay_main, _replay(bench, out, "smollm2-135m", "--store", str(store)), capsys)
     assert "captured with model 'stories260k', not 'smollm2-135m'" in err, err
+    assert not (store.parents[1] / "smollm2-135m").exists()  # no stories260k results under smollm2-135m's name
     # other weights under the same folder name: the store's folder, another model
     other = tmp_path / "elsewhere" / "stories260k"
     shutil.copytree(tiny_dirs["llama"], other)
     for main, argv in ((replay_main, _replay(bench, out, str(other))), (census_main, _census(bench, out, str(other)))):
         err = _one_line(main, argv, capsys)
         assert "holds other weights" in err, err
-    assert not (out / store.parent.parent.name / "stories260k" / "replay").exists()
+    assert not (store.parent / "replay").exists() and not (store.parent / "census").exists()
     # the same weights under another path: the same model
     same = tmp_path / "copy" / "stories260k"
     shutil.copytree(STORIES, same)
