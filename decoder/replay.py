@@ -400,8 +400,8 @@ def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
     if cfg.max_new_tokens is not None and cfg.max_new_tokens > cap:
         raise OilbirdError(f"--max-new-tokens {cfg.max_new_tokens} exceeds the store's cap of {cap}: replay cannot "
                            f"see past what was captured (recapture with --max-new-tokens {cfg.max_new_tokens})")
-    largest = int(max(store.positions["token"].max(), max(max(p) for p in store.requests["prompt_tokens"].to_list() if p),
-                      store.topk.max(initial=0)))
+    largest = int(max(store.positions["token"].max(), store.topk.max(initial=0),
+                      max(max(p) for p in store.requests["prompt_tokens"].to_list() if p)))
     vocab_size = int(meta.get("vocab_size") or 0) or 1 + largest
     if largest >= vocab_size:  # an unsealed meta.json (older code's) with vocab_size edited, or a damaged part
         raise OilbirdError(f"trace store {path} holds token id {largest}, outside its meta.json vocab_size "

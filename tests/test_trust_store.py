@@ -237,11 +237,14 @@ def test_fifos_and_devices_are_refused_without_reading(out, bench):
 # ------------------------------------------------------------------ foreign files
 
 def test_foreign_requests_parquet_and_schema_mismatch_are_one_line(out, bench, stories, tmp_path, capsys):
+    """A guard: these were one line before issue 35 too (its abort at exit, rc 134, is another test's:
+    the process's exit, not the message)."""
     store = store_dir(out, bench, "stories260k")
     other = write_jsonl(tmp_path / "o.jsonl", STORY_PROMPTS[3:6])
     foreign = Path(capture(_cfg(other, tmp_path / "other", limit=3), lm=stories))
     shutil.copy(foreign / "requests.parquet", store / "requests.parquet")
-    argvs = ((data_main, ["verify", str(store)]), (census_main, _census(bench, out)), (replay_main, _replay(bench, out)))
+    argvs = ((data_main, ["verify", str(store)]), (census_main, _census(bench, out)),
+             (replay_main, _replay(bench, out)))
     for main, argv in argvs:
         assert "requests.parquet does not match its checksum" in _one_line(main, argv, capsys)
     table = pq.read_table(foreign / "requests.parquet").drop_columns(["seconds"])
