@@ -18,7 +18,8 @@ import polars as pl
 from census.definitions import CensusConfig, CensusInput
 from census.positions import census_run
 from census.summary import summarize
-from data.capture.models import pick_device, same_model
+from data.capture.models import pick_device
+from data.capture.store_model import check_store_model  # the same check as replay's
 from data.errors import OilbirdError
 from data.results import check_written
 from data.store.files import (
@@ -51,15 +52,6 @@ def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
         raise OilbirdError(f"model '{meta['model']}' has d_model {lm.d_model}, the trace store {meta['d_model']}: "
                            "wrong model for this store")
     return lm.model.get_input_embeddings().weight.detach().float().cpu().numpy(), None
-
-
-def check_store_model(meta: dict, model: str, path: Path) -> None:
-    """--model must name the model the store was captured with (alias, directory or hub id)."""
-    captured = [meta.get("model"), meta.get("model_path")]
-    if not any(c and same_model(str(c), model) for c in captured):
-        raise OilbirdError(f"trace store {path} was captured with model '{meta.get('model')}', not '{model}': "
-                           "it sits in another model's folder, or its meta.json was edited; recapture with "
-                           f"--model {model}")
 
 
 def write_census(target: Path, df: pl.DataFrame, summary: dict) -> None:

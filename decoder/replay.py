@@ -386,6 +386,7 @@ def expand_decision(cfg: ReplayConfig, slug: str) -> ReplayConfig:
 
 def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
     """(path, the opened store, its token cap, the vocabulary size), refusing a store replay cannot use."""
+    from data.capture.store_model import check_store_model
     from decoder.drafters import make_drafter
 
     path = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
@@ -395,13 +396,18 @@ def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
                            f"BENCH={cfg.bench}`)")
     store = open_store(path)
     meta = store.meta
+    check_store_model(meta, cfg.model, path)  # the census's check: never one model's results under another's name
     cap = int(meta["max_new_tokens"])
     if cfg.max_new_tokens is not None and cfg.max_new_tokens > cap:
         raise OilbirdError(f"--max-new-tokens {cfg.max_new_tokens} exceeds the store's cap of {cap}: replay cannot "
                            f"see past what was captured (recapture with --max-new-tokens {cfg.max_new_tokens})")
-    vocab_size = int(meta.get("vocab_size") or 0) or 1 + int(max(
-        store.positions["token"].max(), max(max(p) for p in store.requests["prompt_tokens"].to_list() if p),
-        store.topk.max(initial=0)))
+    largest = int(max(store.positions["token"].max(), store.topk.max(initial=0),
+                      max(max(p) for p in store.requests["prompt_tokens"].to_list() if p)))
+    vocab_size = int(meta.get("vocab_size") or 0) or 1 + largest
+    if largest >= vocab_size:  # an unsealed meta.json (older code's) with vocab_size edited, or a damaged part
+        raise OilbirdError(f"trace store {path} holds token id {largest}, outside its meta.json vocab_size "
+                           f"{vocab_size}: meta.json was edited or the store is damaged (`python -m data verify "
+                           f"{path}` says which)")
     if not store.hidden_valid.any():
         needs = [a for a in arms if uses_states(make_drafter(a, vocab_size=vocab_size, nodes=1))]
         if needs:

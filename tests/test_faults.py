@@ -200,7 +200,8 @@ def test_store_from_before_checksums_resumes(stories, bench, whole, tmp_path):
     resumes under this code, which then records checksums."""
     path = Path(capture(_cfg(bench, tmp_path, limit=3), lm=stories))
     meta = json.loads((path / "meta.json").read_text())
-    for key in ("checksums", "n_requests", "store_format", "runs", "prompt_hash_scheme", "truncate", "truncated", "limit"):
+    for key in ("checksums", "n_requests", "store_format", "runs", "prompt_hash_scheme", "truncate", "truncated", "limit",
+                "meta_sha256"):
         meta.pop(key, None)
     meta.update(complete=False, seconds_total=1.5)
     (path / "meta.json").write_text(json.dumps(meta))
@@ -307,7 +308,8 @@ def test_changed_prompt_token_is_refused_and_flipped_bytes_too(store_copy, capsy
         open_store(store_copy)
     # a store written before checksums: the prompt hash still catches it
     meta = json.loads((store_copy / "meta.json").read_text())
-    legacy = {k: v for k, v in meta.items() if k not in ("checksums", "n_requests", "store_format", "prompt_hash_scheme")}
+    legacy = {k: v for k, v in meta.items()
+              if k not in ("checksums", "n_requests", "store_format", "prompt_hash_scheme", "meta_sha256")}
     (store_copy / "meta.json").write_text(json.dumps(legacy))
     with pytest.raises(OilbirdError, match=r"request 1 \(r1\) has prompt_hash .* but its prompt tokens hash to"):
         open_store(store_copy)
@@ -352,11 +354,16 @@ def test_census_refuses_another_model(stories, store_copy, tiny_dirs, capsys):
     meta = json.loads((edited / "meta.json").read_text())
     meta.update(model=str(tiny), model_path=str(tiny))
     (edited / "meta.json").write_text(json.dumps(meta))
-    with pytest.raises(OilbirdError, match="loads with fingerprint .* captured with"):
+    with pytest.raises(OilbirdError, match="edited after capture"):  # meta.json's seal (data/store/meta.py)
+        run_census("b", str(tiny), CensusConfig(bootstrap=0), out, progress=False)
+    meta.pop("meta_sha256")  # a store written before the seal: the model's fingerprint catches it
+    (edited / "meta.json").write_text(json.dumps(meta))
+    with pytest.raises(OilbirdError, match="holds other weights|loads with fingerprint .* captured with"):
         run_census("b", str(tiny), CensusConfig(bootstrap=0), out, progress=False)
     # or to another fingerprint
     meta = json.loads((store_copy / "meta.json").read_text())
     meta["model_fingerprint"] = "0" * 16
+    meta.pop("meta_sha256")
     (store_copy / "meta.json").write_text(json.dumps(meta))
     with pytest.raises(OilbirdError, match="fingerprint"):
         run_census("b", "stories260k", CensusConfig(bootstrap=0), out, progress=False)

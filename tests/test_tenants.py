@@ -130,7 +130,7 @@ def test_store_without_tenant_column_opens_resumes_and_verifies(stories, tmp_pat
     assert "tenants 1 (the default tenant)" in capsys.readouterr().out
     # a store older than checksums too
     meta = json.loads((path / "meta.json").read_text())
-    legacy = {k: v for k, v in meta.items() if k not in ("checksums", "n_requests", "store_format", "prompt_hash_scheme")}
+    legacy = {k: v for k, v in meta.items() if k not in ("checksums", "n_requests", "store_format", "prompt_hash_scheme", "meta_sha256")}
     (path / "meta.json").write_text(json.dumps(legacy))
     st = open_store(path)
     assert not st.verified and st.requests["tenant"].to_list() == ["", ""]

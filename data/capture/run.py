@@ -26,6 +26,7 @@ from data.capture.greedy import (
     greedy_stream,
 )
 from data.capture.models import LayerTap, LoadedModel, encode_prompt, load_model
+from data.capture.store_model import recorded_name
 from data.capture.teacher import (
     ReferencePrefixCache,
     reference_tokens,
@@ -164,7 +165,9 @@ def check_config(cfg: CaptureConfig) -> None:
 def store_meta(cfg: CaptureConfig, lm: LoadedModel, info, max_new: int, every_request: list[Request]) -> dict:
     """meta.json of a new store (StoreWriter keeps an existing store's, after checking its SETTINGS)."""
     return {
-        "model": lm.name, "model_path": lm.path, "model_fingerprint": lm.fingerprint, "layer": lm.layer,
+        # a folder by its resolved path, so the same model matches from any working directory
+        "model": recorded_name(lm.name), "model_path": recorded_name(lm.path), "model_fingerprint": lm.fingerprint,
+        "layer": lm.layer,
         "n_layers": lm.n_layers, "d_model": lm.d_model, "vocab_size": lm.vocab_size,
         "dtype": str(lm.dtype).removeprefix("torch."), "device": lm.device.type,
         "tokenizer_hash": lm.tokenizer_hash, "chat_template_hash": lm.chat_template_hash,

@@ -56,12 +56,14 @@ LOG = logging.getLogger("oilbird.vllm")
 def served_meta(model_path: str, layer: int, max_len: int, dtype: str, device: str, bench: str) -> tuple[dict, frozenset]:
     """meta.json of a served store, and the model's end-of-sequence ids (module docstring)."""
     from data.capture.models import load_model
+    from data.capture.store_model import recorded_name
     from data.store.schema import PROMPT_HASH_SCHEME
     from data.versions import library_versions
 
     lm = load_model(model_path, dtype="bfloat16", device="cpu", layer=layer)
+    name = recorded_name(model_path)  # a model folder by its resolved path
     meta = {
-        "model": model_path, "model_path": model_path, "model_fingerprint": lm.fingerprint, "layer": lm.layer,
+        "model": name, "model_path": name, "model_fingerprint": lm.fingerprint, "layer": lm.layer,
         "n_layers": lm.n_layers, "d_model": lm.d_model, "vocab_size": lm.vocab_size, "dtype": dtype, "device": device,
         "tokenizer_hash": lm.tokenizer_hash, "chat_template_hash": lm.chat_template_hash, "bench": bench,
         "data_fingerprint": "served", "requests_total": None, "mode": "generate", "max_new_tokens": int(max_len),

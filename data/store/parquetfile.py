@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
+from data.readfile import regular_file
 from data.store import legacy
 from data.store.arrowmem import arrow_owned, read_file_buffer
 from data.store.schema import (
@@ -192,7 +193,10 @@ def _fill_optional(table: pa.Table, schema: pa.Schema) -> pa.Table:
 
 
 def _read_checked(path: Path, schema: pa.Schema, legacy_ok: bool = True) -> tuple[pa.Table, str]:
-    """A Parquet file and the sha256 of its bytes (read once for both, into memory Arrow owns)."""
+    """A Parquet file and the sha256 of its bytes (read once for both, into memory Arrow owns). Anything but
+    a regular file is refused before it is opened: a device (/dev/zero) would be read without end, a FIFO
+    would block."""
+    regular_file(path, "trace store file")
     try:
         blob = read_file_buffer(path)
     except OSError as e:

@@ -16,8 +16,10 @@ Layout of `runs/<bench>/<model>/traces/` (the folder: data/store/layout.py `stor
 The format (schemas, position semantics, the prompt hash): data/store/schema.py. Writing and the commit
 protocol: data/store/writer.py. The full check behind `python -m data verify`: data/store/verify.py.
 
-Readers (open_store) refuse an incomplete store, then verify every checksum (sha256 runs at about
-1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
+Readers (open_store) refuse a meta.json or store file that is not a regular file (a FIFO, a device:
+data/readfile.py), a meta.json whose seal does not match its fields (data/store/meta.py: an edited
+layer, vocab_size, model, ...), an incomplete store, then verify every checksum (sha256 runs at
+about 1 GB/s: 0.07 s for a 72 MB store), the schema, the row counts and the prompt hashes. Stores
 written before checksums existed (no `checksums` key) open unverified (`TraceStore.verified`).
 Checksums cannot be dropped to pass that check (`written_with_checksums`): every writer that
 records `checksums` has written `n_requests` beside them in the same meta.json (since checksums
@@ -52,6 +54,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from data.errors import OilbirdError
+from data.readfile import read_json, regular_file
+from data.store.meta import check_seal, is_sealed
 from data.store.parquetfile import _read_checked
 from data.store.schema import (
     FORMAT_VERSION,
@@ -84,6 +88,11 @@ class TraceStore:
     offsets: np.ndarray  # [n_requests + 1] int64
     verified: bool = False  # every file matched its checksum in meta.json (False: a store older than checksums)
     file_checksums: dict | None = None  # sha256 of each committed file as read (`fingerprint` of an unverified store)
+
+    @property
+    def meta_sealed(self) -> bool:
+        """meta.json carries its seal (data/store/meta.py); False: written before the seal existed."""
+        return is_sealed(self.meta)
 
     @property
     def n_requests(self) -> int:
@@ -123,8 +132,8 @@ def current_fingerprint(store_path: str | Path) -> str | None:
     meta.json only; a store without checksums has its files hashed (sha256, about 1 GB/s)."""
     path = Path(store_path)
     try:
-        meta = json.loads((path / "meta.json").read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        meta = read_json(path / "meta.json", "trace store meta.json")  # never blocks on a FIFO, never reads a device
+    except OilbirdError:
         return None
     if not isinstance(meta, dict):
         return None
@@ -144,6 +153,7 @@ def current_fingerprint(store_path: str | Path) -> str | None:
 
 
 def _file_sha256(f: Path) -> str:
+    regular_file(f, "trace store file")  # a device would never end, a FIFO would block
     h = hashlib.sha256()
     with open(f, "rb") as fh:
         for block in iter(lambda: fh.read(1 << 24), b""):
@@ -159,8 +169,8 @@ def current_summary(summary_path: str | Path, store_path: str | Path, **expected
     if not summary_path.exists() or not meta_path.exists():
         return None
     try:
-        summary, meta = json.loads(summary_path.read_text()), json.loads(meta_path.read_text())
-    except (OSError, json.JSONDecodeError):
+        summary, meta = read_json(summary_path, "summary"), read_json(meta_path, "trace store meta.json")
+    except OilbirdError:  # unreadable, a device, a FIFO, too deep: not a summary to reuse
         return None
     if not isinstance(summary, dict) or not isinstance(meta, dict) or not meta.get("complete"):
         return None
@@ -170,13 +180,11 @@ def current_summary(summary_path: str | Path, store_path: str | Path, **expected
 
 
 def read_meta(path: Path) -> dict:
+    """A store's meta.json, checked: a regular file (never a device or a FIFO: data/readfile.py), bounded,
+    a JSON object with META_KEYS, this `format`, and its seal intact (data/store/meta.py)."""
     meta_path = Path(path) / "meta.json"
-    if not meta_path.exists():
-        raise OilbirdError(f"no trace store at {path} (meta.json missing); run `python -m data capture` first")
-    try:
-        meta = json.loads(meta_path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise OilbirdError(f"{meta_path} is not valid JSON ({e.msg if hasattr(e, 'msg') else e})") from None
+    missing = f"no trace store at {path} (meta.json missing); run `python -m data capture` first"
+    meta = read_json(meta_path, "trace store meta.json", missing=missing)
     if not isinstance(meta, dict):
         raise OilbirdError(f"{meta_path} is not a JSON object; not a trace store")
     missing = [k for k in META_KEYS if k not in meta]
@@ -184,7 +192,18 @@ def read_meta(path: Path) -> dict:
         raise OilbirdError(f"{meta_path} lacks {', '.join(missing)}; not a trace store of this version")
     if meta["format"] != FORMAT_VERSION:
         raise OilbirdError(f"{meta_path} has format {meta['format']}, this code reads {FORMAT_VERSION}")
+    check_seal(meta, meta_path)
+    for key, least in _COUNTS.items():  # an unsealed (older) meta.json can still hold a hand edit
+        value = meta.get(key)
+        if (value is not None or key in META_KEYS) and (
+                not isinstance(value, int) or isinstance(value, bool) or value < least):
+            raise OilbirdError(f"{meta_path}: `{key}` is {value!r}, not an integer >= {least}; meta.json was edited "
+                               "or damaged: restore it from a copy or recapture with --force")
     return meta
+
+
+# meta.json counts every reader relies on, and their least value (n_requests and vocab_size may be absent)
+_COUNTS = {"layer": 1, "n_layers": 1, "d_model": 1, "max_new_tokens": 1, "vocab_size": 1, "n_requests": 0}
 
 
 def position_parts(path: Path) -> list[Path]:

@@ -16,7 +16,8 @@ STOP_REASONS = ("eos", "stop_string", "length", "reference", "unknown")
 def verify_store(path: str | Path) -> str:
     """The full check behind `python -m data verify`: everything open_store checks (checksums,
     schema, row counts, prompt hashes), then the values: states finite, token and top-k ids inside
-    the vocabulary, stop reasons known, ids unique. Returns the OK line; raises on the first problem."""
+    the vocabulary, stop reasons known, ids unique. Returns the OK line (which says whether meta.json is
+    sealed: data/store/meta.py); raises on the first problem."""
     st = open_store(path)
     p = st.path
     meta = st.meta
@@ -57,8 +58,11 @@ def verify_store(path: str | Path) -> str:
                               f"{meta['max_new_tokens']}")
     files = 1 + len(position_parts(p))
     line = f"OK: {p}: {st.n_requests} requests, {st.positions.height} generated tokens"
+    # open_store refused an edited sealed meta.json; an unsealed one (older code's) is said so
+    sealed = ("meta.json sealed" if st.meta_sealed else
+              f"meta.json unsealed (written before meta.json was sealed; `python -m data migrate {p}` seals it)")
     if not st.verified:
-        return line + "; unverified: no checksums recorded (written before checksums), contents checked"
+        return line + f"; unverified: no checksums recorded (written before checksums), contents checked; {sealed}"
     hashes = "prompt hashes, " if _hashes_checked(meta) else ""
-    return line + f"; {files} files match their checksums; {hashes}states, ids and counts checked"
+    return line + f"; {files} files match their checksums; {sealed}; {hashes}states, ids and counts checked"
 

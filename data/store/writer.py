@@ -26,12 +26,12 @@ import pyarrow as pa
 
 from data.errors import OilbirdError
 from data.store.files import (
-    atomic_write_json,
     atomic_write_table,
     clean_leftovers,
     fault_point,
 )
 from data.store.lock import StoreLock
+from data.store.meta import is_sealed, write_meta
 from data.store.reader import _check_rows, _load_committed, position_parts, read_meta
 from data.store.schema import (
     FORMAT_VERSION,
@@ -44,15 +44,16 @@ from data.store.schema import (
 
 
 def record_checksums(path: str | Path) -> dict:
-    """Record the checksums of a store's files as they are now, for a deliberate hand edit (a test
-    that builds an unusual store); never a way to silence a damaged one."""
+    """Record the checksums of a store's files as they are now, and reseal its meta.json
+    (data/store/meta.py), for a deliberate hand edit (a test that builds an unusual store); never a
+    way to silence a damaged one."""
     path = Path(path)
     with StoreLock(path):  # a hand edit still writes meta.json: one writer at a time
         meta = read_meta(path)
         files = [f for f in [path / "requests.parquet", *position_parts(path)] if f.exists()]
         meta["checksums"] = {f.name: hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
         meta.pop("pending", None)
-        atomic_write_json(path / "meta.json", meta)
+        write_meta(path, meta)
     return meta["checksums"]
 
 
@@ -124,9 +125,12 @@ class StoreWriter:
     process's exit.
     """
 
-    SETTINGS = ("model_fingerprint", "layer", "d_model", "dtype", "tokenizer_hash", "chat_template_hash",
-                "bench", "data_fingerprint", "mode", "max_new_tokens", "truncate", "engine")
+    # What an extension must share with the store, or it would mix states of two settings in one store
+    # (a layer-4 part beside a layer-3 one). All of them are sealed in meta.json (data/store/meta.py).
+    SETTINGS = ("model_fingerprint", "layer", "n_layers", "d_model", "vocab_size", "dtype", "tokenizer_hash",
+                "chat_template_hash", "bench", "data_fingerprint", "mode", "max_new_tokens", "truncate", "engine")
     SETTING_DEFAULTS = {"engine": "harness"}  # stores written before the setting existed
+    RECORDED_LATER = ("n_layers", "vocab_size")  # absent from some older stores' meta.json: compared when recorded
 
     def __init__(self, path: str | Path, meta: dict, *, force: bool = False):
         self.path = Path(path)
@@ -146,8 +150,10 @@ class StoreWriter:
                 p.unlink(missing_ok=True)
         clean_leftovers(self.path)  # temporary files of a killed write
         if (self.path / "meta.json").exists():
-            old = read_meta(self.path)
-            diff = [k for k in self.SETTINGS if old.get(k, self.SETTING_DEFAULTS.get(k)) != meta.get(k, self.SETTING_DEFAULTS.get(k))]
+            old = read_meta(self.path)  # refuses an edited meta.json (its seal) before anything is compared
+            diff = [k for k in self.SETTINGS
+                    if old.get(k, self.SETTING_DEFAULTS.get(k)) != meta.get(k, self.SETTING_DEFAULTS.get(k))
+                    and not (k in self.RECORDED_LATER and (k not in old or k not in meta))]
             if diff:
                 raise OilbirdError(f"trace store {self.path} was made with other settings ({', '.join(diff)} differ); "
                                    "pass --force to overwrite it or --out for another folder")
@@ -156,7 +162,7 @@ class StoreWriter:
             self.meta = dict(meta, complete=False, format=FORMAT_VERSION, store_format=STORE_FORMAT, n_requests=0,
                              checksums={})
             self.meta.pop("migrated_from_format", None)  # a new store was never migrated
-            atomic_write_json(self.path / "meta.json", self.meta)
+            write_meta(self.path, self.meta)
         got = _load_committed(self.path, self.meta)
         if not got.verified and got.requests.num_rows:
             _check_rows(self.path, got.requests, got.parts)  # nothing else vouches for an older store
@@ -167,11 +173,11 @@ class StoreWriter:
         self.requests = got.requests.sort_by("request")
         n = self.requests.num_rows
         if (self.meta.get("checksums") != got.checksums or "pending" in self.meta or "migrating" in self.meta
-                or self.meta.get("n_requests") != n):
+                or self.meta.get("n_requests") != n or not is_sealed(self.meta)):  # an older store gets its seal
             self.meta.update(checksums=got.checksums, n_requests=n)
             self.meta.pop("pending", None)
             self.meta.pop("migrating", None)  # the files it rewrote are recorded now; migrate converts the rest
-            atomic_write_json(self.path / "meta.json", self.meta)
+            write_meta(self.path, self.meta)
 
     @property
     def done(self) -> int:
@@ -198,7 +204,7 @@ class StoreWriter:
         self._check_open()
         if self.meta.get("complete"):
             self.meta["complete"] = False
-            atomic_write_json(self.path / "meta.json", self.meta)
+            write_meta(self.path, self.meta)
 
     def append(self, records: list[TraceRecord], meta: dict | None = None) -> None:
         """Commit `records`; `meta` (fields describing the store with them, e.g. capture runs) is
@@ -217,7 +223,7 @@ class StoreWriter:
         fault_point("after_part_write")
         table = pa.concat_tables([self.requests, req])
         self.meta["pending"] = {"file": name, "sha256": part_sha, "n_requests": table.num_rows, "meta": meta or {}}
-        atomic_write_json(self.path / "meta.json", self.meta)
+        write_meta(self.path, self.meta)
         fault_point("after_pending_meta")
         req_sha = atomic_write_table(self.path / "requests.parquet", table)  # the commit point
         self.requests = table
@@ -226,7 +232,7 @@ class StoreWriter:
         self.meta.update(meta or {})
         self.meta["checksums"].update({name: part_sha, "requests.parquet": req_sha})
         self.meta["n_requests"] = table.num_rows
-        atomic_write_json(self.path / "meta.json", self.meta)
+        write_meta(self.path, self.meta)
         fault_point("after_commit")
 
     def finish(self, keep_lock: bool = False, **extra) -> None:
@@ -235,6 +241,6 @@ class StoreWriter:
         self._check_open()
         self.meta.update(extra, complete=True, n_requests=self.done)
         self.meta.pop("pending", None)
-        atomic_write_json(self.path / "meta.json", self.meta)
+        write_meta(self.path, self.meta)
         if not keep_lock:
             self.close()
