@@ -39,9 +39,14 @@ PROMPTS = ["Once upon a time, there was a little girl named Lily.",
            "The cat sat on the mat and looked at the sun."]
 OTHER_PROMPTS = ["A big dog ran in the park.", "Sue found a shiny stone by the river."]
 MAX_NEW = "8"
-MAKE_N_PROFILE = ("import subprocess, sys\n"
+# `make -n profile`: the command that would write the profile; where the Makefile asks Python for the file's
+# path (`profile="$(... --print-path)"`), that command is run to print the path
+MAKE_N_PROFILE = ("import re, subprocess, sys\n"
                   "r = subprocess.run(['make', '-n', 'profile', 'MODEL=../../x/y', 'OUT={case}/out'], capture_output=True,"
-                  " text=True, check=False)\nprint(r.stdout)\nprint(r.stderr, file=sys.stderr)\n")
+                  " text=True, check=False)\nprint(r.stdout)\nprint(r.stderr, file=sys.stderr)\n"
+                  "m = re.search(r'profile=\"\\$\\((.*?--print-path)\\)\"', r.stdout)\n"
+                  "if m:\n    p = subprocess.run(['bash', '-c', m.group(1)], capture_output=True, text=True, check=False)\n"
+                  "    print('profile --file', p.stdout.strip() or p.stderr.strip())\n")
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
@@ -182,7 +187,8 @@ def _relative_capture(ctx: Ctx) -> None:
 
 
 def _profile_file_under_out(ctx: Ctx, out: Outcome) -> str | None:
-    lines = [ln for ln in out.stdout.splitlines() if "profile" in ln and "--file" in ln]
+    lines = ([ln for ln in out.stdout.splitlines() if ln.startswith("profile --file")]
+             or [ln for ln in out.stdout.splitlines() if "profile" in ln and "--file" in ln])
     if not lines:
         return "make -n printed no profile command with --file"
     path = lines[0].split("--file", 1)[1].split()[0].strip("'\"")
@@ -327,10 +333,13 @@ def vllm_cases() -> list[Case]:
         Case("vllm-run --index nosuch", run + ["--index", "nosuch"], group="vllm", timeout=300),
         Case("vllm-run OILBIRD_VLLM_STORE=/proc/self/x", run, env={"OILBIRD_VLLM_STORE": "/proc/self/x"},
              group="vllm", timeout=300),
-        Case("vllm-run OILBIRD_VLLM_STORE_FLUSH=abc", run, env={"OILBIRD_VLLM_STORE_FLUSH": "abc"}, group="vllm",
+        # the flush count matters only with a store to flush to (an unused variable is not read)
+        Case("vllm-run OILBIRD_VLLM_STORE_FLUSH=abc", run, env={"OILBIRD_VLLM_STORE": "{case}/store",
+                                                                 "OILBIRD_VLLM_STORE_FLUSH": "abc"}, group="vllm",
              timeout=300),
-        Case("vllm-run OILBIRD_VLLM_STATS=a folder", run, env={"OILBIRD_VLLM_STATS": "{case}"}, group="vllm",
-             timeout=300),
+        # vllm-run passes its own stats file; the variable is what `vllm serve` with the proposer reads
+        Case("speculative_config OILBIRD_VLLM_STATS=a folder", _spec(""), env={"OILBIRD_VLLM_STATS": "{case}"},
+             group="vllm"),
     ]
 
 
