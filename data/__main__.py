@@ -69,9 +69,9 @@ def _cmd_capture(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from data.store.reader import open_store
+    from data.store.storeset import open_store_or_set
 
-    st = open_store(args.path, load_hidden=False)
+    st = open_store_or_set(args.path, load_hidden=False)
     lens = st.requests["output_tokens"].list.len()
     print(f"{st.path}: {st.meta['bench']} / {st.meta['model']} ({st.meta['mode']}), layer {st.meta['layer']} "
           f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
@@ -79,7 +79,8 @@ def _cmd_show(args) -> int:
           f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
     print(tenant_line(st.requests["tenant"].to_list()))
     if st.verified:
-        print(f"checksums: verified ({len(st.meta['checksums'])} files); `python -m data verify` checks the values too")
+        files = len(st.meta.get("checksums") or {}) or "every member's"  # a set's meta holds no checksums
+        print(f"checksums: verified ({files} files); `python -m data verify` checks the values too")
     else:
         print("checksums: none recorded (a store written before checksums): unverified")
     runs = st.meta.get("runs") or []
@@ -119,9 +120,9 @@ def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:
 
 
 def _cmd_verify(args) -> int:
-    from data.store.verify import verify_store
+    from data.store.storeset import verify_store_or_set  # a store, or a store set: every member, then the set
 
-    print(verify_store(args.path))
+    print(verify_store_or_set(args.path))
     return 0
 
 
@@ -174,7 +175,9 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("path")
     s.set_defaults(fn=_cmd_show)
     v = sub.add_parser("verify", help="full integrity check of a trace store: checksums, schema, prompt hashes, "
-                                      "row counts, values; prints OK or the first problem")
+                                      "row counts, values; prints OK or the first problem. A store set (a folder "
+                                      "of stores, or store folders comma-separated) checks every member, then "
+                                      "that they combine")
     v.add_argument("path")
     v.set_defaults(fn=_cmd_verify)
     m = sub.add_parser("migrate", help="rewrite a trace store of an older layout (store format 1: null state rows, "
