@@ -77,6 +77,10 @@ def _cmd_show(args) -> int:
           f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
     print(f"requests {st.n_requests}, generated tokens {int(lens.sum())}, mean {lens.mean():.1f}, "
           f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
+    store_set = st.meta.get("store_set")
+    if store_set:  # data/store/storeset.py
+        print(f"store set of {len(store_set['members'])} stores, fingerprint {st.fingerprint}; "
+              + (store_set["note"] or "one stream in the order requests finished (finished_at)"))
     print(tenant_line(st.requests["tenant"].to_list()))
     if st.verified:
         files = len(st.meta.get("checksums") or {}) or "every member's"  # a set's meta holds no checksums
@@ -171,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)
-    s = sub.add_parser("show", help="summarise a trace store")
+    s = sub.add_parser("show", help="summarise a trace store (or a store set: one stream)")
     s.add_argument("path")
     s.set_defaults(fn=_cmd_show)
     v = sub.add_parser("verify", help="full integrity check of a trace store: checksums, schema, prompt hashes, "

@@ -167,6 +167,10 @@ def test_verify_a_set(stores, capsys):
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 5 and all(line.startswith("OK: ") for line in out)
     assert f"4 stores, 8 requests, fingerprint {current_fingerprint(stores['folder'])}" in out[-1]
+    assert data_main(["show", str(stores["folder"])]) == 0
+    shown = capsys.readouterr().out
+    assert f"store set of 4 stores, fingerprint {current_fingerprint(stores['folder'])}" in shown
+    assert "requests 8," in shown and "tenants 2" in shown
 
 
 def _one_line(capsys, argv) -> str:
@@ -264,3 +268,18 @@ def test_reports_read_a_set_in_the_runs_layout(stores, tmp_path, capsys):
     assert "a store set of 4 stores" in html and census.summary["store_fingerprint"] in html
     shutil.rmtree(model / "traces" / "s3")
     assert is_stale(census.summary, load_result(model))
+
+
+def test_one_member_without_finished_at_orders_by_first_finish_else_created(stores, tmp_path):
+    """Mixed: members with finished_at rank by their first request's; the one without by its `created`."""
+    folder = tmp_path / "set"
+    shutil.copytree(stores["folder"], folder)
+    path = folder / "s1"
+    pq.write_table(pq.read_table(path / "requests.parquet").drop_columns(["finished_at"]), path / "requests.parquet")
+    record_checksums(path)
+    meta = read_meta(path)
+    meta["created"] = "2020-01-01T00:00:00+00:00"  # before any member's first finish
+    write_meta(path, meta)
+    s = open_store_or_set(folder)
+    assert s.requests["id"].to_list() == ["r2", "r3", "r0", "r1", "r4", "r5", "r6", "r7"]
+    assert s.order == "stores" and str(path) in s.order_note
