@@ -13,6 +13,7 @@ Run: /work/main/.venv/bin/python -m pytest -q tests/test_scale_sets.py
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
 from pathlib import Path
@@ -207,7 +208,7 @@ def test_sets_that_are_not_sets_are_refused(stores, tmp_path, capsys):
     assert "notes/ is not a trace store" in _one_line(capsys, ["verify", str(mixed)])
     p0 = str(stores["parts"][0])
     assert "is not a trace store" in _one_line(capsys, ["verify", f"{p0},{tmp_path}"])
-    assert "named twice" in _one_line(capsys, ["verify", f"{p0},{p0}/"])
+    assert "twice" in _one_line(capsys, ["verify", f"{p0},{p0}/"])
     copied = tmp_path / "copied"
     shutil.copytree(stores["folder"], copied)
     shutil.copytree(stores["parts"][0], copied / "s9")
@@ -283,3 +284,17 @@ def test_one_member_without_finished_at_orders_by_first_finish_else_created(stor
     s = open_store_or_set(folder)
     assert s.requests["id"].to_list() == ["r2", "r3", "r0", "r1", "r4", "r5", "r6", "r7"]
     assert s.order == "stores" and str(path) in s.order_note
+
+
+def test_a_served_store_stamps_when_serving_finished_each_request(tmp_path, monkeypatch):
+    """finished_at in a served store is the time `add` saw the request finish, not its commit (FLUSH later)."""
+    from data.capture import served_store
+    from tests.test_trust_vllm import _served_store, _trace
+
+    clock = itertools.count(100.0, 100.0)  # time.time everywhere: the run id 100, the adds 200 and 300, the commit 400
+    monkeypatch.setattr(served_store.time, "time", lambda: next(clock))
+    store = _served_store(tmp_path / "store", flush=2)
+    store.add(_trace(seed=0))
+    store.add(_trace(seed=1))  # the commit, at 400
+    store.close()
+    assert open_store(tmp_path / "store").requests["finished_at"].to_list() == [200.0, 300.0]

@@ -112,7 +112,7 @@ def set_members(spec: str | Path) -> list[Path] | None:
     for m in members:
         key = m.resolve()
         if key in seen:
-            raise OilbirdError(f"store set {text}: {m} is named twice (as {seen[key]} too); name each store once")
+            raise OilbirdError(f"store set {text} names the store {key} twice; name each store once")
         seen[key] = m
     return members
 
