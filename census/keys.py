@@ -16,6 +16,12 @@ from census.pool import TokenEntries
 from data.index.stateindex import IndexSpec, StateIndex
 
 
+def exact_describe(d: int, queries: int) -> dict:
+    """The exact key's summary.json "index" block (census/ray_census.py builds it from shard counts too)."""
+    return {"spec": "exact", "factory": None, "trained": True, "train_size": 0, "bytes_per_state": 2.0 * d,
+            "fixed_bytes": 0, "queries": queries, "warmup_queries": 0}
+
+
 class SemanticKey:
     """The semantic key: unit rows of every entry state in one device tensor. Request r's queries
     are its own entries' states (entry (r, t) holds the state that predicts x_t); its pool is a
@@ -58,9 +64,7 @@ class SemanticKey:
         """Request rows off..off+n join the pool: nothing to do, every row is in the tensor."""
 
     def describe(self) -> dict:
-        d = int(self.ent.state.shape[1])
-        return {"spec": "exact", "factory": None, "trained": True, "train_size": 0, "bytes_per_state": 2.0 * d,
-                "fixed_bytes": 0, "queries": self.queries, "warmup_queries": 0}
+        return exact_describe(int(self.ent.state.shape[1]), self.queries)
 
 
 class IndexedKey:

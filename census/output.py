@@ -121,9 +121,22 @@ def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, Cen
 
 
 def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "runs", *,
-               embeddings: np.ndarray | None | str = "load", progress: bool = True) -> tuple[Path, dict]:
-    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json as one unit."""
+               embeddings: np.ndarray | None | str = "load", progress: bool = True, ray: str | None = None,
+               ray_shards: int | None = None) -> tuple[Path, dict]:
+    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json as one unit.
+    ray: census the per-position work on Ray (census/ray_census.py: auto, local:N or an address;
+    ray_shards: how many shards, default 4 per CPU); the outputs are the same, only timing differs."""
     cfg.validate()
+    runner = ray_target = None
+    if ray is not None:  # refused before any work: a bad --ray, ray missing, an index a shard cannot rebuild
+        from census.ray_census import RayParts, check_ray_config, import_ray, parse_ray
+
+        ray_target = parse_ray(ray)
+        import_ray()
+        check_ray_config(cfg)
+        if ray_shards is not None and ray_shards < 1:
+            raise OilbirdError(f"--ray-shards must be >= 1 (got {ray_shards})")
+        runner = RayParts(shards=ray_shards, progress=progress)
     slug = model_slug(model)
     target = census_dir(out, bench, slug, cfg.pool)
     if (store_dir(out, bench, slug) / "meta.json").exists():
@@ -142,7 +155,13 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
             notes.append(why)
     t1 = time.perf_counter()
     parts: dict[str, float] = {}
-    result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
+    if runner is None:
+        result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
+    else:
+        from census.ray_census import ray_session
+
+        with ray_session(ray_target):
+            result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts, runner=runner)
     df = result.positions
     t_census = time.perf_counter() - t1
     if result.index.get("note"):
@@ -156,6 +175,8 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
                          "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
                          "parts_s": {k: round(v, 3) for k, v in parts.items()},
                          "device": str(pick_device(cfg.device))}
+    if runner is not None:  # where the work ran; parts_s is then the workers' seconds summed
+        summary["timing"]["ray"] = dict(runner.report, target=ray_target.text)
     write_census(target, df, summary)
     return target, summary
 
