@@ -108,6 +108,8 @@ def _grid_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=cap.batch_size, help=f"--capture's rows ({cap.batch_size})")
     p.add_argument("--no-limits", action="store_true", help="--capture whole benchmarks (no GRID_LIMITS)")
     p.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
+    p.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                   help="the censuses to compute as one Ray task per benchmark (docs/scale.md)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -193,7 +195,7 @@ def _grid(args) -> int:
     capture = GridCapture(args.max_new_tokens, args.batch_size, not args.no_limits) if args.capture else None
     with line_bound(args.max_line_bytes):
         grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
-                          capture=capture)
+                          capture=capture, ray=args.ray)
     text = format_grid(grid)
     clean_leftovers(target)  # temporary files of a killed earlier run
     atomic_write_json(target / f"{name}.json", grid)

@@ -8,6 +8,7 @@ folder (data/store/layout.py `census_dir`) out, both files written as one unit (
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -174,7 +175,9 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),
                          "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
                          "parts_s": {k: round(v, 3) for k, v in parts.items()},
-                         "device": str(pick_device(cfg.device))}
+                         "device": str(pick_device(cfg.device)),
+                         # this process's peak resident memory (KiB on Linux): the bench reads it per arm
+                         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 3)}
     if runner is not None:  # where the work ran; parts_s is then the workers' seconds summed
         summary["timing"]["ray"] = dict(runner.report, target=ray_target.text)
     write_census(target, df, summary)

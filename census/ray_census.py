@@ -212,6 +212,7 @@ class ShardResult:
     queries: int  # semantic-key queries asked (the index block's count)
     parts_s: dict[str, float]  # seconds per part of the work (census_run's timings)
     seconds: float
+    cpu_s: float  # the worker's CPU seconds on it (robust to other load on the machine, unlike `seconds`)
     peak_rss_bytes: int  # the worker process's peak resident memory so far
     pid: int
 
@@ -238,7 +239,7 @@ def census_shard(part: Part, cfg: CensusConfig, spec, embeddings, first: int, la
         faiss.omp_set_num_threads(1)
     except ImportError:
         pass
-    t0 = time.perf_counter()
+    t0, cpu0 = time.perf_counter(), time.process_time()
     timings: dict[str, float] = {}
     clock = [t0]
 
@@ -253,7 +254,8 @@ def census_shard(part: Part, cfg: CensusConfig, spec, embeddings, first: int, la
     df, key, _ = census_part(part, cfg, spec, embeddings, np.zeros(0, np.int64), pick_device(cfg.device),
                              False, lap, first=first, last=last)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
-    return ShardResult(df, int(key.queries), timings, time.perf_counter() - t0, int(rss), os.getpid())
+    return ShardResult(df, int(key.queries), timings, time.perf_counter() - t0, time.process_time() - cpu0, int(rss),
+                       os.getpid())
 
 
 @dataclass
@@ -282,8 +284,6 @@ class RayParts:
     def __call__(self, setup: Setup, cfg: CensusConfig, embeddings, knn_rows: np.ndarray, timings: dict):
         check_ray_config(cfg)
         ray = import_ray()
-        from tqdm import tqdm
-
         cpus = int(ray.cluster_resources().get("CPU", 1))
         plan = plan_shards(setup, self.shards or SHARDS_PER_CPU * cpus)
         task = ray.remote(census_shard).options(num_cpus=1, max_retries=self.max_retries,
@@ -291,15 +291,9 @@ class RayParts:
         parts = {p: ray.put(setup.parts[p]) for p in sorted({s.part for s in plan})}
         emb = ray.put(embeddings)
         t0 = time.perf_counter()
-        pending = {task.remote(parts[s.part], cfg, setup.spec, emb, s.first, s.last): i for i, s in enumerate(plan)}
-        results: list[ShardResult | None] = [None] * len(plan)
-        with tqdm(total=len(plan), desc="census shards", unit="shard", disable=not self.progress) as bar:
-            while pending:
-                done, _ = ray.wait(list(pending), num_returns=1)
-                for ref in done:
-                    i = pending.pop(ref)
-                    results[i] = self._get(ray, ref, plan[i])
-                    bar.update()
+        refs = [task.remote(parts[s.part], cfg, setup.spec, emb, s.first, s.last) for s in plan]
+        results = gather(ray, refs, [f"census shard (part {s.part}, requests {s.first}..{s.last - 1})" for s in plan],
+                         "census shards", "shard", self.progress)
         wall = time.perf_counter() - t0
         frames, keys = [], []
         for p in parts:
@@ -312,24 +306,56 @@ class RayParts:
                 timings[k] = timings.get(k, 0.0) + v
         self.report.update(
             cpus=cpus, shards=len(plan), shards_wall_s=round(wall, 3), workers=len({r.pid for r in results}),
-            shard_s=[round(r.seconds, 3) for r in results], shard_positions=[s.positions for s in plan],
+            shard_s=[round(r.seconds, 3) for r in results], shard_cpu_s=[round(r.cpu_s, 3) for r in results],
+            shard_positions=[s.positions for s in plan], shard_requests=[[s.first, s.last] for s in plan],
             peak_rss_gib_per_worker=round(max(r.peak_rss_bytes for r in results) / 2 ** 30, 3))
         return frames, keys, [np.zeros((0, cfg.candidates), np.int64) for _ in frames]
 
-    @staticmethod
-    def _get(ray, ref, shard: Shard) -> ShardResult:
-        """A shard's result; a failure is one line (an OilbirdError raised in the worker keeps its text)."""
-        try:
-            return ray.get(ref)
-        except ray.exceptions.RayTaskError as e:
-            cause = getattr(e, "cause", None)
-            if isinstance(cause, OilbirdError):
-                raise OilbirdError(str(cause)) from None
-            why = str(cause or e).strip().splitlines()
-            raise OilbirdError(f"census shard (part {shard.part}, requests {shard.first}..{shard.last - 1}) failed on "
-                               f"a Ray worker: {why[-1] if why else type(e).__name__}") from None
-        except ray.exceptions.RayError as e:  # a worker lost more often than max_retries, a node gone
-            why = str(e).strip().splitlines()
-            raise OilbirdError(f"census shard (part {shard.part}, requests {shard.first}..{shard.last - 1}) was lost "
-                               f"on the Ray cluster after retries: {why[0] if why else type(e).__name__}") from None
 
+def gather(ray, refs: list, labels: list[str], desc: str, unit: str, progress: bool) -> list:
+    """The tasks' results in submission order, a bar counting tasks done (ray.wait); a task that failed
+    is one line naming it (an OilbirdError raised in the worker keeps its text)."""
+    from tqdm import tqdm
+
+    pending = {ref: i for i, ref in enumerate(refs)}
+    results: list = [None] * len(refs)
+    with tqdm(total=len(refs), desc=desc, unit=unit, disable=not progress) as bar:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, OilbirdError):
+                        raise OilbirdError(str(cause)) from None
+                    why = str(cause or e).strip().splitlines()
+                    raise OilbirdError(f"{labels[i]} failed on a Ray worker: "
+                                       f"{why[-1] if why else type(e).__name__}") from None
+                except ray.exceptions.RayError as e:  # a worker lost more often than max_retries, a node gone
+                    why = str(e).strip().splitlines()
+                    raise OilbirdError(f"{labels[i]} was lost on the Ray cluster after retries: "
+                                       f"{why[0] if why else type(e).__name__}") from None
+                bar.update()
+    return results
+
+
+def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
+    """One benchmark's whole census in a Ray worker (`python -m census grid --ray`): its summary."""
+    import torch
+
+    from census.output import run_census
+
+    torch.set_num_threads(1)
+    return run_census(bench, model, cfg, out, progress=False)[1]
+
+
+def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
+                   max_retries: int = 3) -> list[dict]:
+    """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
+    ray = import_ray()
+    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=worker_env())
+    out = str(Path(out).resolve())  # a worker's working folder is not the driver's
+    refs = [task.remote(b, model, cfg, out) for b in benches]
+    return gather(ray, refs, [f"census of {b}" for b in benches], "grid censuses", "bench", progress)

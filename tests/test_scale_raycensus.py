@@ -170,3 +170,20 @@ def test_ray_missing(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "ray", None)  # `import ray` then fails
     assert main(_store(tmp_path) + ["--ray", "auto"]) == 2
     _one_line(capsys, "ray", "make install")
+
+
+def test_grid_on_ray_is_the_grid(ray_cluster, tmp_path):
+    """`python -m census grid --ray`: one task per benchmark; the same table and census files."""
+    from census.grid import grid_table
+
+    benches = ["alpha", "beta"]
+    for out in ("one", "ray"):
+        for i, b in enumerate(benches):
+            write_store(tmp_path / out, b, traffic(20 + i, R=16))
+    cfg = CensusConfig(bootstrap=100)
+    want = grid_table(benches, "no-such-model", cfg, tmp_path / "one", progress=False)
+    got = grid_table(benches, "no-such-model", cfg, tmp_path / "ray", progress=False, ray="local:2")
+    assert got == want
+    for b in benches:
+        one, ray = (tmp_path / k / b / "no-such-model" / "census" / "positions.parquet" for k in ("one", "ray"))
+        assert pl.read_parquet(ray).equals(pl.read_parquet(one))
