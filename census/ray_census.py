@@ -5,7 +5,8 @@ request r's answers depend only on the pool as of r (the earlier requests, less 
 evicted traces). So a tenant's requests are cut into contiguous ranges [a, b); the shard of [a, b)
 builds the pool as of request a (it adds requests < a to the lexical automaton without censusing
 them, census/positions.py `census_part` with `first`) and censuses [a, b). In past mode a shard
-reads only rows below offsets[b] (`prefix_part`): later requests are never its pool. The exact
+holds only requests s(a)..b-1 (`slice_part`; s(a) the store-budget window's start, 0 unbounded):
+later requests are never its pool, earlier ones left it. The exact
 semantic key is stateless between requests (one top-k over the pool's rows per request), and its
 ranking is defined on float64 rescored cosines, so a shard's answer is the whole run's to the digit.
 
@@ -189,19 +190,26 @@ def plan_shards(setup: Setup, shards: int) -> list[Shard]:
     return out
 
 
-def prefix_part(part: Part, last: int) -> Part:
-    """The part as of request `last` (past mode: requests at or after it are never in the pool of
-    one before it): views of the first rows, so a shard holds only the rows it can read."""
+def slice_part(part: Part, start: int, last: int) -> Part:
+    """Requests [start, last) of the part as a part of their own (views of its rows), for a shard
+    whose every pool lies inside them (past mode: `start` is the window start of its first request,
+    0 without a store budget; requests from `last` on are never in the pool of one before it).
+
+    Request r's pool is the same traces, now at rows shifted by offsets[start]: the lexical answers
+    are counts over those traces (census/index.py), the exact key ranks by cosine then by later row
+    (a shift keeps the order), the adjacency and embedding keys by serving order: all unchanged."""
     data = part.data
-    if last >= data.n_requests:
+    if start == 0 and last >= data.n_requests:
         return part
-    e = int(data.offsets[last])
-    sub = CensusInput(prompts=data.prompts[:last], tokens=data.tokens[:e], offsets=data.offsets[:last + 1],
-                      hidden=data.hidden[:e], hidden_valid=data.hidden_valid[:e], topk=data.topk[:e],
-                      prompt_last_hidden=data.prompt_last_hidden[:last], prompt_last_topk=data.prompt_last_topk[:last],
-                      prompt_hash=data.prompt_hash[:last], meta=data.meta,
-                      tenant=None if data.tenant is None else data.tenant[:last])
-    return Part(sub, part.requests[:last], part.rows[:e], PoolPlan(sub, part.plan.mode, part.plan.starts[:last]))
+    a, b = int(data.offsets[start]), int(data.offsets[last])
+    sub = CensusInput(prompts=data.prompts[start:last], tokens=data.tokens[a:b],
+                      offsets=data.offsets[start:last + 1] - a, hidden=data.hidden[a:b],
+                      hidden_valid=data.hidden_valid[a:b], topk=data.topk[a:b],
+                      prompt_last_hidden=data.prompt_last_hidden[start:last],
+                      prompt_last_topk=data.prompt_last_topk[start:last], prompt_hash=data.prompt_hash[start:last],
+                      meta=data.meta, tenant=None if data.tenant is None else data.tenant[start:last])
+    return Part(sub, part.requests[start:last], part.rows[a:b],
+                PoolPlan(sub, part.plan.mode, part.plan.starts[start:last] - start))
 
 
 @dataclass
@@ -249,8 +257,9 @@ def census_shard(part: Part, cfg: CensusConfig, spec, embeddings, first: int, la
         clock[0] = now
 
     set_exact_matmul()
-    if cfg.pool == "past":
-        part = prefix_part(part, last)
+    if cfg.pool == "past":  # only the rows its pools can hold (warm: every request pools every other)
+        start = int(part.plan.starts[first])
+        part, first, last = slice_part(part, start, last), first - start, last - start
     df, key, _ = census_part(part, cfg, spec, embeddings, np.zeros(0, np.int64), pick_device(cfg.device),
                              False, lap, first=first, last=last)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
@@ -288,15 +297,24 @@ class RayParts:
         plan = plan_shards(setup, self.shards or SHARDS_PER_CPU * cpus)
         task = ray.remote(census_shard).options(num_cpus=1, max_retries=self.max_retries,
                                                 runtime_env=worker_env())
-        parts = {p: ray.put(setup.parts[p]) for p in sorted({s.part for s in plan})}
+        part_ids = sorted({s.part for s in plan})
+        if setup.budget_tokens is not None and cfg.pool == "past":  # each shard's window travels, not the stream
+            inputs = []
+            for s in plan:
+                start = int(setup.parts[s.part].plan.starts[s.first])
+                inputs.append((ray.put(slice_part(setup.parts[s.part], start, s.last)), s.first - start,
+                               s.last - start))
+        else:  # unbounded: every shard reads a prefix of the part, put once (read without a copy on a node)
+            put = {p: ray.put(setup.parts[p]) for p in part_ids}
+            inputs = [(put[s.part], s.first, s.last) for s in plan]
         emb = ray.put(embeddings)
         t0 = time.perf_counter()
-        refs = [task.remote(parts[s.part], cfg, setup.spec, emb, s.first, s.last) for s in plan]
+        refs = [task.remote(ref, cfg, setup.spec, emb, a, b) for ref, a, b in inputs]
         results = gather(ray, refs, [f"census shard (part {s.part}, requests {s.first}..{s.last - 1})" for s in plan],
                          "census shards", "shard", self.progress)
         wall = time.perf_counter() - t0
         frames, keys = [], []
-        for p in parts:
+        for p in part_ids:
             mine = [r for s, r in zip(plan, results) if s.part == p]
             frames.append(pl.concat([r.frame for r in mine]) if len(mine) > 1 else mine[0].frame)
             keys.append(ShardedExactKey(setup.parts[p].data.d_model, range(setup.parts[p].data.n_positions),

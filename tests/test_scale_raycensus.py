@@ -64,13 +64,15 @@ def test_shards_in_process_equal_the_whole(name, seed):
     whole = census_run(data, cfg, EMB).positions
     setup = prepare(data, cfg)
     rng = np.random.default_rng(seed)
-    frames = []
+    frames, windowed = [], 0
     for part in setup.parts:
         R = part.data.n_requests
         cuts = np.unique(np.r_[0, rng.integers(1, R, 3), R])
+        windowed += sum(int(part.plan.starts[a]) > 0 for a in cuts[:-1])  # shards that start past the stream's start
         frames += [census_shard(part, cfg, setup.spec, EMB, int(a), int(b)).frame for a, b in zip(cuts[:-1], cuts[1:])]
     got = pl.concat(frames).sort(["request", "position"])
     assert len(setup.parts) == 2 and got.height == whole.height
+    assert (windowed > 0) == (name == "budget")  # with a budget, shards really hold only their window
     assert got.equals(whole)
 
 
