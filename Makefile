@@ -172,7 +172,8 @@ grid: $(STAMP)
 	$(PY) -m census grid --benches $(GRID_BENCHES) --model $(MODEL) --out $(OUT) --quiet
 	$(PY) -m reports --runs $(OUT)
 
-# the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
+# the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census);
+# RAY=local:2: the census on Ray against the single process instead, exact key (docs/scale.md)
 bench-scale: $(STAMP)
 	$(PY) benchmarks/bench_scale.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG) $(ARGS)
 

@@ -159,7 +159,7 @@ def ray_arms(target: str) -> list[tuple[str, tuple[str, ...]]]:
 
 
 def census_on_ray(bench: str, model: str, out: str, target: str, rounds: int, bootstrap: int, recall_sample: int,
-                  shards: int | None) -> dict:
+                  shards: int | None, budget: str | None = None) -> dict:
     """Single process against Ray on the same store, arms interleaved over `rounds`, every process and
     worker on one thread: wall time, peak memory, the outputs compared (positions, summary less timing)."""
     import polars as pl
@@ -173,7 +173,8 @@ def census_on_ray(bench: str, model: str, out: str, target: str, rounds: int, bo
     first = None
     for k in range(rounds):
         for name, flags in arms:
-            extra = (*flags, *(("--ray-shards", str(shards)) if shards and flags else ()))
+            extra = (*flags, *(("--ray-shards", str(shards)) if shards and flags else ()),
+                     *(("--store-budget", budget) if budget else ()))
             c = run_census(bench, model, out, "exact", bootstrap, recall_sample, extra, env=ONE_THREAD)
             s = c.pop("summary")
             frame = pl.read_parquet(folder / "positions.parquet")
@@ -193,7 +194,7 @@ def census_on_ray(bench: str, model: str, out: str, target: str, rounds: int, bo
             print(f"  round {k + 1} {name}: {c['wall_s']:.1f} s wall, census {s['timing']['census_s']:.1f} s, "
                   f"identical {runs[name][-1]['identical']}", file=sys.stderr)
     best = {name: min(r["wall_s"] for r in rs) for name, rs in runs.items()}
-    out_ = {"positions": first[1]["positions"], "rounds": rounds, "arms": runs, "best_wall_s": best,
+    out_ = {"positions": first[1]["positions"], "store_budget": budget, "rounds": rounds, "arms": runs, "best_wall_s": best,
             "identical": all(r["identical"] for rs in runs.values() for r in rs)}
     many = [name for name, _ in arms if name.startswith("ray-") and name != "ray-1"]
     if "ray-1" in runs and many:
@@ -257,6 +258,7 @@ def main(argv=None) -> int:
                     help="the census on Ray against the single process on the same store (exact key, one thread "
                          "per worker; local:N also runs local:1 for the scaling efficiency), arms interleaved")
     ap.add_argument("--rounds", type=int, default=1, help="--ray: rounds of the interleaved arms")
+    ap.add_argument("--store-budget", default=None, help="--ray: the census's --store-budget (a bounded pool)")
     ap.add_argument("--ray-shards", type=int, default=None,
                     help="--ray: shards of every Ray arm (default 4 x N for local:N, else 4 per cluster CPU)")
     ap.add_argument("--skip-retrieval", action="store_true", help="no decoder retrieval measurement")
@@ -278,7 +280,7 @@ def main(argv=None) -> int:
         if args.rounds < 1:
             raise OilbirdError(f"--rounds must be >= 1 (got {args.rounds})")
         r = census_on_ray(scaled_bench, args.model, args.out, args.ray, args.rounds, args.bootstrap, args.recall_sample,
-                          args.ray_shards)
+                          args.ray_shards, args.store_budget)
         result["census_ray"] = r
         for name, rs in r["arms"].items():
             w = rs[0]

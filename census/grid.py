@@ -86,10 +86,32 @@ def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, prog
     return s if s is not None else run_census(bench, model, cfg, out, progress=progress)[1]
 
 
+def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
+    """One benchmark's whole census in a Ray worker (`python -m census grid --ray`): its summary."""
+    import torch
+
+    from census.output import run_census
+
+    torch.set_num_threads(1)
+    return run_census(bench, model, cfg, out, progress=False)[1]
+
+
+def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
+                   max_retries: int = 3) -> list[dict]:
+    """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
+    from census.ray_census import gather, import_ray, worker_env
+
+    ray = import_ray()
+    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=worker_env())
+    out = str(Path(out).resolve())  # a worker's working folder is not the driver's
+    refs = [task.remote(b, model, cfg, out) for b in benches]
+    return gather(ray, refs, [f"census of {b}" for b in benches], "grid censuses", "bench", progress)
+
+
 def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Path = "runs",
                progress: bool = True, capture: GridCapture | None = None, ray: str | None = None) -> dict:
     """The grid's rows. ray (auto, local:N, an address): the censuses missing or stale run as one Ray
-    task per benchmark (census/ray_census.py `census_benches`), after every capture; the rows are the same."""
+    task per benchmark (`census_benches`), after every capture; the rows are the same."""
     from data.benchmarks.registry import get_benchmark
     from data.store.layout import model_slug, store_dir
     from data.store.reader import read_meta
@@ -99,7 +121,7 @@ def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Pat
             get_benchmark(bench)  # an unknown name fails before hours of capture of the others
     rows, loaded = [], {}
     if ray is not None:
-        from census.ray_census import census_benches, parse_ray, ray_session
+        from census.ray_census import parse_ray, ray_session
 
         target = parse_ray(ray)
         for bench in benches:

@@ -357,23 +357,3 @@ def gather(ray, refs: list, labels: list[str], desc: str, unit: str, progress: b
                                        f"{why[0] if why else type(e).__name__}") from None
                 bar.update()
     return results
-
-
-def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
-    """One benchmark's whole census in a Ray worker (`python -m census grid --ray`): its summary."""
-    import torch
-
-    from census.output import run_census
-
-    torch.set_num_threads(1)
-    return run_census(bench, model, cfg, out, progress=False)[1]
-
-
-def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
-                   max_retries: int = 3) -> list[dict]:
-    """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
-    ray = import_ray()
-    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=worker_env())
-    out = str(Path(out).resolve())  # a worker's working folder is not the driver's
-    refs = [task.remote(b, model, cfg, out) for b in benches]
-    return gather(ray, refs, [f"census of {b}" for b in benches], "grid censuses", "bench", progress)
