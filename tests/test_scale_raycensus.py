@@ -189,3 +189,16 @@ def test_grid_on_ray_is_the_grid(ray_cluster, tmp_path):
     for b in benches:
         one, ray = (tmp_path / k / b / "no-such-model" / "census" / "positions.parquet" for k in ("one", "ray"))
         assert pl.read_parquet(ray).equals(pl.read_parquet(one))
+
+
+def test_bench_scale_arms_and_cpu_model(monkeypatch):
+    """benchmarks/bench_scale.py --ray: the arms, and the efficiency it derives from shard CPU seconds."""
+    monkeypatch.syspath_prepend(str(__import__("pathlib").Path(__file__).resolve().parents[1] / "benchmarks"))
+    import bench_scale
+
+    assert [a for a, _ in bench_scale.ray_arms("local:2")] == ["single", "ray-1", "ray-2"]
+    assert [a for a, _ in bench_scale.ray_arms("auto")] == ["single", "ray auto"]
+    run = {"shard_cpu_s": [4.0, 1.0, 1.0, 1.0, 1.0], "wall_s": 12.0, "shards_wall_s": 8.0}
+    m = bench_scale.cpu_model(run, 2)  # in order: worker 0 takes 4, worker 1 the four 1s -> makespan 4
+    assert m["makespan_s"] == 4.0 and m["shards"] == round(8 / (2 * 4), 3)
+    assert m["wall"] == round((4 + 8) / (2 * (4 + 4)), 3)
