@@ -205,3 +205,26 @@ def test_bench_scale_arms_and_cpu_model(monkeypatch):
     m = bench_scale.cpu_model(run, 2)  # in order: worker 0 takes 4, worker 1 the four 1s -> makespan 4
     assert m["makespan_s"] == 4.0 and m["shards"] == round(8 / (2 * 4), 3)
     assert m["wall"] == round((4 + 8) / (2 * (4 + 4)), 3)
+
+
+def test_store_set_on_ray_is_the_set_censused_in_one_process(ray_cluster, tmp_path, capsys):
+    """A store set (issue 36's sets: several stores read as one stream) reaches the Ray path as one input."""
+    import shutil
+
+    traces = traffic(9, R=24, tenants="ab")
+    for i in range(3):  # three stores of consecutive ranges, written one after the other
+        write_store(tmp_path / f"m{i}", "traffic", traces[8 * i:8 * i + 8])
+    folder = tmp_path / "set"
+    folder.mkdir()
+    for i in range(3):
+        shutil.copytree(tmp_path / f"m{i}" / "traffic" / "no-such-model" / "traces", folder / f"s{i}")
+    common = ["--bench", "traffic", "--model", "no-such-model", "--out", str(tmp_path / "o"), "--store", str(folder),
+              "--no-embeddings", "--bootstrap", "50", "--quiet"]
+    census = tmp_path / "o" / "traffic" / "no-such-model" / "census"
+    assert main(common) == 0, capsys.readouterr().err
+    one = shutil.copytree(census, tmp_path / "single")
+    assert main(common + ["--ray", "local:2", "--ray-shards", "6"]) == 0, capsys.readouterr().err
+    assert pl.read_parquet(census / "positions.parquet").equals(pl.read_parquet(one / "positions.parquet"))
+    s_one, s_ray = (json.loads((d / "summary.json").read_text()) for d in (one, census))
+    assert s_one["requests"] == 24 and s_one["store_set"]["members"] == 3
+    assert {k: v for k, v in s_ray.items() if k != "timing"} == {k: v for k, v in s_one.items() if k != "timing"}
