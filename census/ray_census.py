@@ -44,8 +44,9 @@ from data.errors import OilbirdError
 RAY_SPEC = "ray==2.60.0"  # pyproject.toml's pin; `make install` installs it
 CONNECT_TIMEOUT_S = 10.0  # an ADDRESS that does not answer within this is refused, never waited on
 SHARDS_PER_CPU = 4  # more shards than workers: Ray's queue evens out shards of unequal cost
-# A pooled row costs a query one float32 dot product; a position's lexical answers cost about what
-# this many rows do (measured on API-Bank: ~50 us per position against ~0.02 us per row at d = 576).
+# A pooled row costs a query one float32 dot product; a position's other answers cost about what this
+# many rows do (docs/scale.md, one thread at d = 576: lexical, adjacency and payload 26 us per position,
+# 21.5 ns per pooled row, so ~1,200 rows; rounded up for the shard's warm-up, 11 us per row of its slice).
 LEXICAL_ROWS = 2000
 # Test hook: with this set to a path, the first shard to start creates the file and exits the worker
 # process (os._exit), as a lost worker would; the retry finds the file and runs (tests/test_scale_raycensus.py).
