@@ -209,7 +209,8 @@ def census_on_ray(bench: str, model: str, out: str, target: str, rounds: int, bo
             print(f"  round {k + 1} {name}: {c['wall_s']:.1f} s wall, census {s['timing']['census_s']:.1f} s, "
                   f"identical {runs[name][-1]['identical']}", file=sys.stderr)
     best = {name: min(r["wall_s"] for r in rs) for name, rs in runs.items()}
-    out_ = {"positions": first[1]["positions"], "store_budget": budget, "rounds": rounds, "arms": runs, "best_wall_s": best,
+    out_ = {"positions": first[1]["positions"], "store_budget": budget, "rounds": rounds, "arms": runs,
+            "best_wall_s": best,
             "identical": all(r["identical"] for rs in runs.values() for r in rs)}
     many = [name for name, _ in arms if name.startswith("ray-") and name != "ray-1"]
     if "ray-1" in runs and many:
