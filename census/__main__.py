@@ -45,6 +45,11 @@ def _census_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-embeddings", action="store_true", help="skip the static-embedding key (no model load)")
     p.add_argument("--if-missing", action="store_true",
                    help="skip when the census with these settings exists for the store as it is now")
+    p.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                   help="spread the per-position work over Ray tasks: auto (a running cluster, else a local one), "
+                        "local:N (N CPUs here) or a cluster's HOST:PORT; exact key only; outputs identical "
+                        "(docs/scale.md)")
+    p.add_argument("--ray-shards", type=int, default=None, help="--ray's shards (default 4 per cluster CPU)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p
 
@@ -107,6 +112,8 @@ def _grid_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=cap.batch_size, help=f"--capture's rows ({cap.batch_size})")
     p.add_argument("--no-limits", action="store_true", help="--capture whole benchmarks (no GRID_LIMITS)")
     p.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
+    p.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                   help="the censuses to compute as one Ray task per benchmark (docs/scale.md)")
     p.add_argument("--quiet", action="store_true")
     return p
 
@@ -143,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
     check_writable(model_dir(args.out, args.bench, model_slug(args.model)))
     target, summary = run_census(args.bench, args.model, cfg, args.out,
                                  embeddings=None if args.no_embeddings else "load", progress=not args.quiet,
-                                 store=args.store)
+                                 store=args.store, ray=args.ray, ray_shards=args.ray_shards)
     print(format_summary(summary))
     t = summary["timing"]
     print(f"  {summary['positions']} positions in {t['census_s']:.1f} s ({t['positions_per_s']:.0f}/s on {t['device']})")
+    if "ray" in t:
+        r = t["ray"]
+        print(f"  on Ray ({r['target']}): {r['shards']} shards on {r['workers']} workers, peak RSS "
+              f"{r['peak_rss_gib_per_worker']:.2f} GiB per worker")
     print(target)
     return 0
 
@@ -188,7 +199,7 @@ def _grid(args) -> int:
     capture = GridCapture(args.max_new_tokens, args.batch_size, not args.no_limits) if args.capture else None
     with line_bound(args.max_line_bytes):
         grid = grid_table(benches, args.model, CensusConfig(pool=args.pool), args.out, progress=not args.quiet,
-                          capture=capture)
+                          capture=capture, ray=args.ray)
     text = format_grid(grid)
     clean_leftovers(target)  # temporary files of a killed earlier run
     atomic_write_json(target / f"{name}.json", grid)

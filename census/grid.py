@@ -68,22 +68,50 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
                               batch_size=capture.batch_size, out=str(out), progress=progress), loaded["lm"])
 
 
-def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
-    """The census summary of the store as it is now: read when current, else computed."""
-    from census.output import run_census
+def current(bench: str, model: str, cfg: CensusConfig, out: str | Path) -> dict | None:
+    """The census summary of the store as it is now, or None when missing or stale."""
     from data.store.layout import census_dir, model_slug, store_dir
     from data.store.reader import current_summary
 
     folder = census_dir(out, bench, model_slug(model), cfg.pool)
-    store = store_dir(out, bench, model_slug(model))
-    s = current_summary(folder / "summary.json", store, config=cfg.as_dict())
-    if s is not None and (folder / "positions.parquet").exists():
-        return s
-    return run_census(bench, model, cfg, out, progress=progress)[1]
+    s = current_summary(folder / "summary.json", store_dir(out, bench, model_slug(model)), config=cfg.as_dict())
+    return s if s is not None and (folder / "positions.parquet").exists() else None
+
+
+def load_or_run(bench: str, model: str, cfg: CensusConfig, out: str | Path, progress: bool = True) -> dict:
+    """The census summary of the store as it is now: read when current, else computed."""
+    from census.output import run_census
+
+    s = current(bench, model, cfg, out)
+    return s if s is not None else run_census(bench, model, cfg, out, progress=progress)[1]
+
+
+def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
+    """One benchmark's whole census in a Ray worker (`python -m census grid --ray`): its summary."""
+    import torch
+
+    from census.output import run_census
+
+    torch.set_num_threads(1)
+    return run_census(bench, model, cfg, out, progress=False)[1]
+
+
+def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
+                   max_retries: int = 3) -> list[dict]:
+    """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
+    from census.ray_census import gather, import_ray, worker_env
+
+    ray = import_ray()
+    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=worker_env())
+    out = str(Path(out).resolve())  # a worker's working folder is not the driver's
+    refs = [task.remote(b, model, cfg, out) for b in benches]
+    return gather(ray, refs, [f"census of {b}" for b in benches], "grid censuses", "bench", progress)
 
 
 def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Path = "runs",
-               progress: bool = True, capture: GridCapture | None = None) -> dict:
+               progress: bool = True, capture: GridCapture | None = None, ray: str | None = None) -> dict:
+    """The grid's rows. ray (auto, local:N, an address): the censuses missing or stale run as one Ray
+    task per benchmark (`census_benches`), after every capture; the rows are the same."""
     from data.benchmarks.registry import get_benchmark
     from data.store.layout import model_slug, store_dir
     from data.store.reader import read_meta
@@ -92,8 +120,18 @@ def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Pat
         for bench in benches:
             get_benchmark(bench)  # an unknown name fails before hours of capture of the others
     rows, loaded = [], {}
+    if ray is not None:
+        from census.ray_census import parse_ray, ray_session
+
+        target = parse_ray(ray)
+        for bench in benches:
+            ensure_store(bench, model, out, capture, progress, loaded)
+        todo = [b for b in dict.fromkeys(benches) if current(b, model, cfg, out) is None]
+        if todo:
+            with ray_session(target):
+                census_benches(todo, model, cfg, str(out), progress)
     for bench in benches:
-        ensure_store(bench, model, out, capture, progress, loaded)
+        ensure_store(bench, model, out, capture if ray is None else None, progress, loaded)
         s = load_or_run(bench, model, cfg, out, progress)
         meta_path = store_dir(out, bench, model_slug(model))
         meta = read_meta(meta_path) if (meta_path / "meta.json").exists() else {}

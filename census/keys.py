@@ -16,6 +16,12 @@ from census.pool import TokenEntries
 from data.index.stateindex import IndexSpec, StateIndex
 
 
+def exact_describe(d: int, queries: int) -> dict:
+    """The exact key's summary.json "index" block (census/ray_census.py builds it from shard counts too)."""
+    return {"spec": "exact", "factory": None, "trained": True, "train_size": 0, "bytes_per_state": 2.0 * d,
+            "fixed_bytes": 0, "queries": queries, "warmup_queries": 0}
+
+
 class SemanticKey:
     """The semantic key: unit rows of every entry state in one device tensor. Request r's queries
     are its own entries' states (entry (r, t) holds the state that predicts x_t); its pool is a
@@ -34,33 +40,39 @@ class SemanticKey:
 
     def topk(self, off: int, n: int, hi: int, excluded: list[tuple[int, int]], k: int, lo: int = 0):
         """(entry index [n, k], exact cosine [n, k], query present [n]) for request rows off..off+n.
-        lo is read off `excluded` here (its (0, lo) range)."""
+        lo: rows below it left the pool (a store budget; also in `excluded` as (0, lo)): only lo..hi is scored."""
         query_ok = self.ok[off:off + n]
         rows = off + np.nonzero(query_ok)[0]  # a missing query state asks nothing
         idx = np.full((n, k), -1, np.int64)
         cos = np.full((n, k), np.nan)
-        idx[query_ok], cos[query_ok] = self.topk_rows(rows, hi, excluded, k)
+        idx[query_ok], cos[query_ok] = self.topk_rows(rows, hi, excluded, k, lo)
         return idx, cos, query_ok
 
-    def topk_rows(self, rows: np.ndarray, hi: int, excluded: list[tuple[int, int]], k: int):
-        """Exact top-k for the given query rows (each with a state) over rows below hi, outside excluded."""
-        ok = self.pool_ok[:hi].clone()
+    def topk_rows(self, rows: np.ndarray, hi: int, excluded: list[tuple[int, int]], k: int, lo: int = 0):
+        """Exact top-k for the given query rows (each with a state) over rows lo..hi-1, outside excluded.
+
+        Only the window lo..hi is scored (a store budget's pool costs its size, not the store's): the
+        float32 shortlist then comes from another matrix shape, but the ranking is the float64 one
+        (census/knn.py), so the answer is the same as scoring every row below hi with lo masked."""
+        ok = self.pool_ok[lo:hi].clone()
         for a, b in excluded:
-            ok[a:min(b, hi)] = False
+            a, b = max(a, lo), min(b, hi)
+            if b > a:
+                ok[a - lo:b - lo] = False
         self.queries += len(rows)
         state, norm = self.ent.state, self.norm
-        return topk_exact(
-            self.pool[torch.from_numpy(rows).to(self.dev)], self.pool[:hi], ok, k,
-            lambda qi, pi: exact_cosines(state[rows[qi]], norm[rows[qi]], state[pi], norm[pi]),
-            self.later_first[:hi], self.margin)
+        idx, cos = topk_exact(
+            self.pool[torch.from_numpy(rows).to(self.dev)], self.pool[lo:hi], ok, k,
+            lambda qi, pi: exact_cosines(state[rows[qi]], norm[rows[qi]], state[pi + lo], norm[pi + lo]),
+            self.later_first[lo:hi], self.margin)
+        idx[idx >= 0] += lo
+        return idx, cos
 
     def finish(self, off: int, n: int) -> None:
         """Request rows off..off+n join the pool: nothing to do, every row is in the tensor."""
 
     def describe(self) -> dict:
-        d = int(self.ent.state.shape[1])
-        return {"spec": "exact", "factory": None, "trained": True, "train_size": 0, "bytes_per_state": 2.0 * d,
-                "fixed_bytes": 0, "queries": self.queries, "warmup_queries": 0}
+        return exact_describe(int(self.ent.state.shape[1]), self.queries)
 
 
 class IndexedKey:

@@ -9,6 +9,7 @@ files written as one unit (`write_census`).
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import time
 from pathlib import Path
@@ -126,10 +127,23 @@ def read_input(bench: str, model: str, out: str | Path, store: str | Path | None
 
 def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "runs", *,
                embeddings: np.ndarray | None | str = "load", progress: bool = True,
-               store: str | Path | None = None) -> tuple[Path, dict]:
+               store: str | Path | None = None, ray: str | None = None,
+               ray_shards: int | None = None) -> tuple[Path, dict]:
     """Read runs/<bench>/<model>/traces (or `store`: a store or a store set), write census/positions.parquet
-    and summary.json as one unit."""
+    and summary.json as one unit. ray: census the per-position work on Ray (census/ray_census.py: auto,
+    local:N or an address; ray_shards: how many shards, default 4 per CPU); the outputs are the same,
+    only timing differs."""
     cfg.validate()
+    runner = ray_target = None
+    if ray is not None:  # refused before any work: a bad --ray, ray missing, an index a shard cannot rebuild
+        from census.ray_census import RayParts, check_ray_config, import_ray, parse_ray
+
+        ray_target = parse_ray(ray)
+        import_ray()
+        check_ray_config(cfg)
+        if ray_shards is not None and ray_shards < 1:
+            raise OilbirdError(f"--ray-shards must be >= 1 (got {ray_shards})")
+        runner = RayParts(shards=ray_shards, progress=progress)
     slug = model_slug(model)
     target = census_dir(out, bench, slug, cfg.pool)
     if (store_dir(out, bench, slug) / "meta.json").exists():
@@ -150,7 +164,13 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
             notes.append(why)
     t1 = time.perf_counter()
     parts: dict[str, float] = {}
-    result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
+    if runner is None:
+        result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts)
+    else:
+        from census.ray_census import ray_session
+
+        with ray_session(ray_target):
+            result = census_run(data, cfg, embeddings=embeddings, progress=progress, timings=parts, runner=runner)
     df = result.positions
     t_census = time.perf_counter() - t1
     if result.index.get("note"):
@@ -163,7 +183,11 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),
                          "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
                          "parts_s": {k: round(v, 3) for k, v in parts.items()},
-                         "device": str(pick_device(cfg.device))}
+                         "device": str(pick_device(cfg.device)),
+                         # this process's peak resident memory (KiB on Linux): the bench reads it per arm
+                         "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2 ** 20, 3)}
+    if runner is not None:  # where the work ran; parts_s is then the workers' seconds summed
+        summary["timing"]["ray"] = dict(runner.report, target=ray_target.text)
     write_census(target, df, summary)
     return target, summary
 

@@ -31,7 +31,7 @@ from census.definitions import (
 from census.index import PoolView
 from census.keys import EmbeddingKey, IndexedKey, SemanticKey, make_key
 from census.knn import set_exact_matmul
-from census.pool import LexicalPool, Part, TokenEntries, local_rows, prepare
+from census.pool import LexicalPool, Part, Setup, TokenEntries, local_rows, prepare
 from census.recall import index_block
 from data.capture.models import pick_device
 from data.errors import OilbirdError
@@ -93,9 +93,18 @@ def census_positions(data: CensusInput, cfg: CensusConfig, embeddings: np.ndarra
     return census_run(data, cfg, embeddings, progress, timings).positions
 
 
+# What censuses the parts when not this process, part by part (census/ray_census.py `RayParts`):
+# (setup, cfg, embeddings, knn_rows, timings) -> (a frame per part with positions, its key, its top-k ids
+# at the knn rows), the same lists as the loop in census_run builds.
+PartsRunner = Callable[[Setup, CensusConfig, "np.ndarray | None", np.ndarray, dict], tuple[list, list, list]]
+
+
 def census_run(data: CensusInput, cfg: CensusConfig, embeddings: np.ndarray | None = None,
-               progress: bool = False, timings: dict[str, float] | None = None) -> CensusResult:
-    """census_positions, with the index block (recall against exact) and the pool block."""
+               progress: bool = False, timings: dict[str, float] | None = None,
+               runner: PartsRunner | None = None) -> CensusResult:
+    """census_positions, with the index block (recall against exact) and the pool block. runner:
+    what censuses the parts (None: this process, in order); everything else (the recall sample,
+    the frame, the index and pool blocks) is computed here either way, so the result is the same."""
     timings = {} if timings is None else timings
     clock = [time.perf_counter()]
 
@@ -113,7 +122,10 @@ def census_run(data: CensusInput, cfg: CensusConfig, embeddings: np.ndarray | No
         valid = np.nonzero(entry_valid(data))[0]
         knn_rows = np.sort(rng.choice(valid, min(len(valid), cfg.recall_sample), replace=False))
     frames, keys, knn_ids = [], [], []
-    for part in setup.parts:
+    if runner is not None:
+        frames, keys, knn_ids = runner(setup, cfg, embeddings, knn_rows, timings)
+        clock[0] = time.perf_counter()
+    for part in setup.parts if runner is None else []:
         if not part.data.n_positions:  # a tenant with no generated token has nothing to census
             continue
         df, key, ids = census_part(part, cfg, setup.spec, embeddings, local_rows(part, knn_rows), dev, progress, lap)
@@ -209,17 +221,23 @@ def request_columns(part: Part, keys: PartKeys, cfg: CensusConfig, r: int, lap: 
 
 
 def census_part(part: Part, cfg: CensusConfig, spec: IndexSpec, embeddings: np.ndarray | None,
-                sample: np.ndarray, dev: torch.device, progress: bool, lap: Callable[[str], None]):
+                sample: np.ndarray, dev: torch.device, progress: bool, lap: Callable[[str], None],
+                first: int = 0, last: int | None = None):
     """The census of one tenant's requests: (positions frame with store request indices, the
-    semantic key, the key's top-k ids at the `sample` rows [len(sample), candidates])."""
+    semantic key, the key's top-k ids at the `sample` rows [len(sample), candidates]).
+
+    first, last: census only requests [first, last) of the part (a shard, census/ray_census.py);
+    requests before `first` join the pool as they would have (the lexical automaton, the key)
+    without being censused, so each censused request sees the pool it sees in the whole run."""
     data = part.data
+    last = data.n_requests if last is None else last
     keys = part_keys(part, cfg, spec, embeddings, dev)
     sample_ids = np.full((len(sample), cfg.candidates), -1, np.int64)
     cols = {name: [] for name in POSITION_COLUMNS}
     lap("prepare")
-    for r in tqdm(range(data.n_requests), desc="census", unit="req", disable=not progress, leave=False):
+    for r in tqdm(range(last), desc="census", unit="req", disable=not progress, leave=False):
         off, n = int(data.offsets[r]), int(data.offsets[r + 1] - data.offsets[r])
-        if n:
+        if n and r >= first:
             rows, sem_idx = request_columns(part, keys, cfg, r, lap)
             for name, col in rows.items():
                 cols[name].append(col)
