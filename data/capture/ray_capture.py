@@ -98,10 +98,10 @@ def set_path(cfg: CaptureConfig) -> Path:
 
 def check_ray_capture(cfg: CaptureConfig, workers: int | None, requests: int) -> Path:
     """What is refused before Ray starts (one line each); returns the set's folder."""
-    check_config(cfg)
     if cfg.agree_with:
         raise OilbirdError("--agree-with compares one store with another; with --ray each shard is a store: "
                            "capture without --ray to record the agreement")
+    check_config(cfg)
     if workers is not None and workers < 1:
         raise OilbirdError(f"--workers must be at least 1 (got {workers})")
     if workers is not None and workers > requests:
@@ -181,7 +181,7 @@ def _run_shards(ray, cfg: CaptureConfig, n: int, gpus: bool, path: Path, max_lin
         ray.kill(actors[i])  # its engine and model go with its process
         for note in outcome.notes:
             tqdm.write(f"{shard_name(i, n)}: {note}", file=sys.stderr)
-        if not outcome.error:
+        if not outcome.error and cfg.progress:
             tqdm.write(f"{shard_name(i, n)}: done in {outcome.seconds:.1f} s", file=sys.stderr)
         bar.update(1)
     bar.close()

@@ -113,9 +113,10 @@ def _init_within(ray, timeout: float, text: str, **kwargs) -> None:
         raise box["error"]
 
 
-def start_ray(target: RayTarget, timeout: float = CONNECT_TIMEOUT_S):
+def start_ray(target: RayTarget, timeout: float | None = None):
     """ray.init for the target; what Ray raises becomes one line."""
     ray = import_ray()
+    timeout = CONNECT_TIMEOUT_S if timeout is None else timeout
     # the workers' own output (vLLM's logs, progress bars) stays in Ray's log files: the driver prints a line
     # per shard instead
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
@@ -124,6 +125,9 @@ def start_ray(target: RayTarget, timeout: float = CONNECT_TIMEOUT_S):
             ray.init(num_cpus=target.cpus, **quiet)
         elif target.kind == "address":
             probe(target.address, timeout)
+            # the driver's core worker logs each failed connect attempt (C++, on stderr) while it waits: the
+            # outcome is our one line
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
             _init_within(ray, timeout, target.text, address=target.address, log_to_driver=False,
                          logging_level=logging.ERROR)
         else:
