@@ -13,7 +13,10 @@ Run: /work/main/.venv/bin/python -m pytest -q tests/test_scale_raycapture.py
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -74,12 +77,31 @@ def one_store(bench, stories, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def ray_set(bench, ray_local, tmp_path_factory):
-    """The same requests captured on 2 Ray actors (the harness), through the command line."""
+    """The same requests captured on 2 Ray actors (the harness), through the command line: a first run whose
+    shard-01 actor dies after its first commit, then the rerun that resumes it. Returns what each run left."""
     out = tmp_path_factory.mktemp("set")
-    code = main(["capture", "--bench", bench, "--model", "stories260k", "--out", str(out), *COMMON,
-                 "--ray", "local:2", "--workers", "2"])
-    assert code == 0
-    return out
+    argv = ["capture", "--bench", bench, "--model", "stories260k", "--out", str(out), *COMMON, "--ray", "local:2",
+            "--workers", "2"]
+    seen = {}
+    os.environ[EXIT_AFTER_ENV] = "1:1"  # shard 1's process ends right after its first commit
+    try:
+        seen["died"] = _cli_out(argv)
+    finally:
+        del os.environ[EXIT_AFTER_ENV]
+    folder = _set_folder(out)
+    seen["cut_meta"] = json.loads((folder / "shard-01" / "meta.json").read_text())
+    seen["shard0_meta"] = json.loads((folder / "shard-00" / "meta.json").read_text())
+    seen["shard0_files"] = {p.name: p.read_bytes() for p in (folder / "shard-00").iterdir()}
+    seen["resumed"] = _cli_out(argv)
+    return out, folder, seen
+
+
+def _cli_out(argv: list[str]) -> tuple[int, str, str]:
+    """main(argv) with its stdout and stderr (a module fixture cannot take capsys)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(argv)
+    return code, out.getvalue().strip(), err.getvalue().strip()
 
 
 def _set_folder(out: Path) -> Path:
@@ -88,9 +110,12 @@ def _set_folder(out: Path) -> Path:
 
 
 def test_shards_split_round_robin_and_hold_the_one_store_tokens(ray_set, one_store):
+    """After the resumed run: shard s holds requests s, s+2, ... with the one store's tokens and states."""
+    _, folder, seen = ray_set
+    code, out, err = seen["resumed"]
+    assert code == 0 and out == str(folder), err
     one = open_store(one_store)
     ids = one.requests["id"].to_list()
-    folder = _set_folder(ray_set)
     assert sorted(p.name for p in folder.iterdir()) == ["shard-00", "shard-01"]
     for s in range(2):
         shard = folder / f"shard-{s:02d}"
@@ -110,29 +135,17 @@ def test_shards_split_round_robin_and_hold_the_one_store_tokens(ray_set, one_sto
     assert sum(len(v) for v in _by_id(one_store).values()) > 12 * 5
 
 
-def test_a_dead_actor_is_one_line_and_the_rerun_resumes_its_shard(bench, ray_local, one_store, tmp_path,
-                                                                     monkeypatch, capsys):
-    argv = ["--bench", bench, "--model", "stories260k", "--out", str(tmp_path), *COMMON, "--ray", "local:2"]
-    monkeypatch.setenv(EXIT_AFTER_ENV, "1:1")  # shard 1's process ends after its first commit
-    code, out, err = _cli(argv, capsys)
+def test_a_dead_actor_is_one_line_and_the_rerun_resumes_its_shard(ray_set):
+    out_dir, folder, seen = ray_set
+    code, out, err = seen["died"]
     # stdout: nothing of ours (Ray's driver may print its raylet's "a worker died" notice there)
-    assert code == 2 and str(tmp_path) not in out and len(err.splitlines()) == 1, err
-    folder = _set_folder(tmp_path)
+    assert code == 2 and str(out_dir) not in out and len(err.splitlines()) == 1, err
     assert err.startswith(f"error: {folder / 'shard-01'}: its Ray actor died") and "resumes" in err
-    done, cut = open_store(folder / "shard-00"), json.loads((folder / "shard-01" / "meta.json").read_text())
-    assert done.meta["complete"] and done.n_requests == 6
-    assert not cut["complete"] and cut["n_requests"] == 2  # its first commit, kept
-    finished = {p.name: p.read_bytes() for p in (folder / "shard-00").iterdir()}
-    monkeypatch.delenv(EXIT_AFTER_ENV)
-    code, out, err = _cli(argv, capsys)
-    assert code == 0 and out == str(folder), err
+    assert seen["shard0_meta"]["complete"] and seen["shard0_meta"]["n_requests"] == 6
+    assert not seen["cut_meta"]["complete"] and seen["cut_meta"]["n_requests"] == 2  # its first commit, kept
+    code, out, err = seen["resumed"]
     assert "shard-01" in err and "resuming after request 1" in err
-    assert {p.name: p.read_bytes() for p in (folder / "shard-00").iterdir()} == finished  # left alone
-    assert verify_store(folder / "shard-01").startswith("OK")
-    one = _by_id(one_store)
-    for s in range(2):
-        got = _by_id(folder / f"shard-{s:02d}")
-        assert list(got) == list(one)[s::2] and all(got[k] == one[k] for k in got)
+    assert {p.name: p.read_bytes() for p in (folder / "shard-00").iterdir()} == seen["shard0_files"]  # left alone
 
 
 def _free_port() -> int:
@@ -174,16 +187,17 @@ def test_ray_missing_is_one_line(bench, monkeypatch, tmp_path, capsys):
 
 
 def test_a_store_and_a_set_never_share_a_folder(bench, ray_set, one_store, ray_local, capsys):
+    set_out, folder, _ = ray_set
     one_out = one_store.parents[2]
     code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(one_out), *COMMON,
                          "--ray", "local:2"], capsys)
     assert code == 2 and "holds one trace store, not a store set" in err and len(err.splitlines()) == 1, err
-    code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(ray_set), *COMMON], capsys)
+    code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(set_out), *COMMON], capsys)
     assert code == 2 and "holds a store set captured on Ray (2 shard stores" in err, err
-    code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(ray_set), *COMMON,
+    code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(set_out), *COMMON,
                          "--ray", "local:2", "--workers", "1"], capsys)
     assert code == 2 and "holds a store set of 2 shards" in err and "--workers 2" in err, err
-    assert not (_set_folder(ray_set) / "meta.json").exists()
+    assert not (folder / "meta.json").exists()
 
 
 def test_an_address_that_never_answers_times_out(bench, tmp_path):
