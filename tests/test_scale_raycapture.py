@@ -196,7 +196,7 @@ def test_a_store_and_a_set_never_share_a_folder(bench, ray_set, one_store, ray_l
     assert code == 2 and "holds a store set captured on Ray (2 shard stores" in err, err
     code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(set_out), *COMMON,
                          "--ray", "local:2", "--workers", "1"], capsys)
-    assert code == 2 and "holds a store set of 2 shards" in err and "--workers 2" in err, err
+    assert code == 2 and "holds a store set split round robin over 2 shards" in err and "--workers 2" in err, err
     assert not (folder / "meta.json").exists()
 
 

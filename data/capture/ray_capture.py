@@ -31,6 +31,7 @@ from pathlib import Path
 
 from data.capture.ray_cluster import RayTarget, cluster_size, ray_session, worker_env
 from data.capture.run import CaptureConfig, check_config, check_store_folder, set_members
+from data.store.reader import read_meta
 from data.errors import OilbirdError, os_error_line
 from data.store.layout import model_slug, shard_name, store_dir
 
@@ -49,6 +50,7 @@ class ShardOutcome:
     seconds: float = 0.0
     notes: list[str] = field(default_factory=list)
     error: str | None = None
+    lost: bool = False  # the actor died: its store is as its last commit left it, and a rerun resumes it
 
 
 class ShardCapture:
@@ -109,12 +111,28 @@ def check_ray_capture(cfg: CaptureConfig, workers: int | None, requests: int) ->
                            f"be empty; use --workers {requests} or fewer")
     path = set_path(cfg)
     check_store_folder(path, sharded=True)
-    held = set_members(path)
-    if held and workers is not None and len(held) != workers:
-        raise OilbirdError(f"{path} holds a store set of {len(held)} shards, split round robin over {len(held)}: "
-                           f"--workers {workers} would give its requests to other shards; rerun with --workers "
-                           f"{len(held)} (or without it), or pass --out for another folder")
+    held = set_shards(path)
+    if held and workers is not None and held != workers:
+        raise OilbirdError(f"{path} holds a store set split round robin over {held} shards: --workers {workers} "
+                           f"would give its requests to other shards; rerun with --workers {held} (or without it), "
+                           "or pass --out for another folder")
     return path
+
+
+def set_shards(path: Path) -> int | None:
+    """The number of shards a set's folder was split into (its members' meta.json `shard.of`: a shard whose
+    actor died before it wrote anything has no folder yet), None for a new set."""
+    counts = set()
+    for name in set_members(path):
+        shard = read_meta(path / name).get("shard")
+        if not isinstance(shard, dict) or not isinstance(shard.get("of"), int):
+            raise OilbirdError(f"{path / name}: a store without meta.json \"shard\", so not one of a set captured "
+                               "with --ray; pass --out for another folder")
+        counts.add(shard["of"])
+    if len(counts) > 1:
+        raise OilbirdError(f"{path}: its shard stores were split over different numbers of shards "
+                           f"({', '.join(map(str, sorted(counts)))}); pass --out for another folder")
+    return counts.pop() if counts else None
 
 
 def _workers(target: RayTarget, size, asked: int | None, held: int) -> int:
@@ -131,16 +149,18 @@ def _workers(target: RayTarget, size, asked: int | None, held: int) -> int:
 def capture_on_ray(cfg: CaptureConfig, target: RayTarget, workers: int | None = None,
                    max_line_bytes: str | None = None) -> str:
     """Capture (or resume) the store set over Ray actors (module docstring); returns the set's folder."""
+    from data.benchmarks.jsonl import line_bound
     from data.benchmarks.registry import load_requests
 
-    n_requests = len(load_requests(cfg.bench, cfg.limit))  # the bench and --limit checked before Ray starts
+    with line_bound(max_line_bytes):
+        n_requests = len(load_requests(cfg.bench, cfg.limit))  # the bench and --limit checked before Ray starts
     path = check_ray_capture(cfg, workers, n_requests)
     if target.kind == "local" and workers is not None and workers > target.cpus:
         raise OilbirdError(f"--workers {workers} is more than --ray {target.text}'s {target.cpus} CPU(s): each "
                            f"shard's engine takes one; use --workers {target.cpus} or fewer")
     with ray_session(target) as ray:
         size = cluster_size(ray)
-        n = _workers(target, size, workers, len(set_members(path)))
+        n = _workers(target, size, workers, set_shards(path) or 0)
         if n > n_requests:
             raise OilbirdError(f"{n} shards for {n_requests} request(s): a shard would be empty; pass --workers "
                                f"{n_requests} or fewer")
@@ -150,8 +170,9 @@ def capture_on_ray(cfg: CaptureConfig, target: RayTarget, workers: int | None = 
         first, more = failed[0], len(failed) - 1
         also = f" (and {more} other shard(s): {', '.join(_shard_label(path, o.index, n) for o in failed[1:])})" \
             if more else ""
-        raise OilbirdError(f"{_shard_label(path, first.index, n)}: {first.error}{also}; every request a shard "
-                           "committed is kept, and rerunning the command resumes it")
+        resume = ("; every request a shard committed is kept, and rerunning the command resumes it"
+                  if any(o.lost for o in failed) else "")
+        raise OilbirdError(f"{_shard_label(path, first.index, n)}: {first.error}{also}{resume}")
     return str(path)
 
 
@@ -196,7 +217,7 @@ def _outcome(ray, ref, index: int, path: Path, n: int) -> ShardOutcome:
     except RayActorError as e:  # the process is gone (killed, out of memory, a node lost)
         why = " ".join(str(e).split())
         why = why if len(why) <= 200 else why[:197] + "..."
-        return ShardOutcome(index, error=f"its Ray actor died ({why})")
+        return ShardOutcome(index, error=f"its Ray actor died ({why})", lost=True)
     except RayTaskError as e:  # a bug in the capture: the worker's traceback is in Ray's logs
         cause = e.cause if getattr(e, "cause", None) is not None else e
         line = " ".join(str(cause).split())[:300]
