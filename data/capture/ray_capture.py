@@ -135,11 +135,11 @@ def set_shards(path: Path) -> int | None:
     return counts.pop() if counts else None
 
 
-def _workers(target: RayTarget, size, asked: int | None, held: int) -> int:
-    """The number of shards: as asked, else the set's own, else one per GPU (or CPU) of the cluster;
-    more than the cluster holds is refused (each actor takes one)."""
+def _workers(target: RayTarget, size, asked: int | None, held: int, requests: int) -> int:
+    """The number of shards: as asked, else the set's own, else one per GPU (or CPU) of the cluster, at most
+    one per request; more than the cluster holds is refused (each actor takes one)."""
     unit, have = ("GPU", size.gpus) if size.gpus else ("CPU", size.cpus)
-    n = asked or held or have
+    n = asked or held or min(have, requests)
     if n > have:
         raise OilbirdError(f"--workers {n} is more than the Ray cluster's {have} {unit}(s) (--ray {target.text}): "
                            f"each shard's engine takes one; use --workers {have} or fewer, or a larger cluster")
@@ -160,7 +160,7 @@ def capture_on_ray(cfg: CaptureConfig, target: RayTarget, workers: int | None = 
                            f"shard's engine takes one; use --workers {target.cpus} or fewer")
     with ray_session(target) as ray:
         size = cluster_size(ray)
-        n = _workers(target, size, workers, set_shards(path) or 0)
+        n = _workers(target, size, workers, set_shards(path) or 0, n_requests)
         if n > n_requests:
             raise OilbirdError(f"{n} shards for {n_requests} request(s): a shard would be empty; pass --workers "
                                f"{n_requests} or fewer")
