@@ -248,3 +248,15 @@ def test_vllm_on_two_actors_gives_the_one_engine_tokens(bench, tiny_llama64, ray
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
             seen += 1
     assert seen == 12 and int(one.offsets[-1]) > 12 * 5
+
+
+def test_a_folder_of_stores_not_split_by_ray_is_refused(bench, one_store, tmp_path, capsys):
+    """A store under shard-00/ that no --ray capture made (no meta.json "shard"): --ray would take it for a
+    shard and resume the wrong requests into it."""
+    import shutil
+
+    folder = tmp_path / one_store.relative_to(one_store.parents[2])
+    shutil.copytree(one_store, folder / "shard-00")
+    code, _, err = _cli(["--bench", bench, "--model", "stories260k", "--out", str(tmp_path), *COMMON,
+                         "--ray", "local:2"], capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and 'without meta.json "shard"' in err, err
