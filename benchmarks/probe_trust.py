@@ -353,7 +353,9 @@ def _capture(bench: str, model: str, out: Path) -> None:
 def _run(cmd: list[str], env: dict, cwd: str | None, timeout: int) -> Outcome:
     t0 = time.perf_counter()
     # a session of its own, so that a hang's children are killed with it
-    p = subprocess.Popen(cmd, cwd=cwd or REPO, env={**os.environ, **env}, stdout=subprocess.PIPE,
+    # PYTHONPATH: a case run from another folder still imports this checkout (not an installed one)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])), **env}
+    p = subprocess.Popen(cmd, cwd=cwd or REPO, env=env, stdout=subprocess.PIPE,
                          stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
         so, se = p.communicate(timeout=timeout)

@@ -25,6 +25,10 @@ def _census_parser() -> argparse.ArgumentParser:
     p.add_argument("--bench", required=True, help="benchmark name, as captured")
     p.add_argument("--model", default="smollm2-135m", help="model name or alias, as captured")
     p.add_argument("--out", default="runs", help="runs root (default runs/)")
+    p.add_argument("--store", default=None,
+                   help="trace store folder, or a store set (a folder of stores, or store folders comma-separated: "
+                        "one stream, docs/store.md) (default runs/<bench>/<model>/traces); results still go to "
+                        "runs/<bench>/<model>/census")
     p.add_argument("--pool", choices=["past", "warm"], default=DEFAULTS.pool,
                    help="past: strictly earlier requests (default); warm: every other request")
     p.add_argument("--horizon", type=int, default=DEFAULTS.horizon, help="verbatim future for `available` (2)")
@@ -123,12 +127,12 @@ def main(argv: list[str] | None = None) -> int:
                        recall_sample=args.recall_sample, store_budget=args.store_budget).validate()
     if args.if_missing and not args.no_embeddings:
         from data.store.layout import census_dir, model_slug, store_dir
-        from data.store.reader import current_summary
+        from data.store.storeset import current_summary  # a store or a store set
 
         slug = model_slug(args.model)
         target = census_dir(args.out, args.bench, slug, cfg.pool)
         if (target / "positions.parquet").exists() and current_summary(
-                target / "summary.json", store_dir(args.out, args.bench, slug), config=cfg.as_dict()):
+                target / "summary.json", args.store or store_dir(args.out, args.bench, slug), config=cfg.as_dict()):
             print(f"{target}: census of the store as it is now exists (--if-missing); not recomputed",
                   file=sys.stderr)
             print(target)
@@ -138,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     # before any work: the census writes its temporary folder beside census/, in the model's folder
     check_writable(model_dir(args.out, args.bench, model_slug(args.model)))
     target, summary = run_census(args.bench, args.model, cfg, args.out,
-                                 embeddings=None if args.no_embeddings else "load", progress=not args.quiet)
+                                 embeddings=None if args.no_embeddings else "load", progress=not args.quiet,
+                                 store=args.store)
     print(format_summary(summary))
     t = summary["timing"]
     print(f"  {summary['positions']} positions in {t['census_s']:.1f} s ({t['positions_per_s']:.0f}/s on {t['device']})")

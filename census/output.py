@@ -1,7 +1,8 @@
 """The census's outputs: read the trace store, run the census, write positions.parquet and summary.json.
 
-`run_census` is what `python -m census` runs: the store of runs/<bench>/<model> in, the census
-folder (data/store/layout.py `census_dir`) out, both files written as one unit (`write_census`).
+`run_census` is what `python -m census` runs: the store of runs/<bench>/<model> (or `--store`: a store or
+a store set, data/store/storeset.py) in, the census folder (data/store/layout.py `census_dir`) out, both
+files written as one unit (`write_census`).
 `format_summary` is the command's printed summary.
 """
 
@@ -31,7 +32,8 @@ from data.store.files import (
     make_tmp_dir,
 )
 from data.store.layout import census_dir, model_slug, store_dir
-from data.store.reader import TraceStore, open_store
+from data.store.reader import TraceStore
+from data.store.storeset import open_store_or_set, set_provenance
 
 
 def load_embeddings(meta: dict) -> tuple[np.ndarray | None, str | None]:
@@ -97,45 +99,51 @@ UNVERIFIED_NOTE = ("computed on an unverified trace store (no checksums in its m
 def store_provenance(store: TraceStore) -> dict:
     """What a result records about the store it was computed on: `store_fingerprint` (what makes it
     stale when the store changes: data/store/reader.py `current_fingerprint`) and `store_verified` (false:
-    a store without checksums; the result's notes and the reports say so)."""
-    return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified)}
+    a store without checksums; the result's notes and the reports say so); for a store set, its fingerprint
+    and `store_set` (members, order: data/store/storeset.py)."""
+    return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified), **set_provenance(store)}
 
 
-def open_input(bench: str, model: str, out: str | Path) -> tuple[Path, TraceStore]:
-    """The opened trace store of runs/<bench>/<model> (refused with one line when missing or damaged)."""
+def open_input(bench: str, model: str, out: str | Path, store: str | Path | None = None) -> tuple[Path, TraceStore]:
+    """The opened trace store of runs/<bench>/<model>, or `store` (a store or a store set: one stream,
+    data/store/storeset.py); refused with one line when missing or damaged."""
     slug = model_slug(model)
-    path = store_dir(out, bench, slug)
-    if not (path / "meta.json").exists():
+    path = Path(store) if store is not None else store_dir(out, bench, slug)
+    if store is None and not (path / "meta.json").exists() and not path.is_dir():  # a folder may hold a set
         raise OilbirdError(f"no trace store for {bench} / {slug} at {path}: run `python -m data capture "
                            f"--bench {bench} --model {model} --out {out}` first (or `make census BENCH={bench}`)")
-    store = open_store(path)
-    check_store_model(store.meta, model, path)
-    return path, store
+    opened = open_store_or_set(path)
+    check_store_model(opened.meta, model, path)
+    return path, opened
 
 
-def read_input(bench: str, model: str, out: str | Path) -> tuple[Path, dict, CensusInput]:
-    """The trace store of runs/<bench>/<model> as a census input: (store path, meta, input)."""
-    path, store = open_input(bench, model, out)
+def read_input(bench: str, model: str, out: str | Path, store: str | Path | None = None) -> tuple[Path, dict, CensusInput]:
+    """The trace store of runs/<bench>/<model> (or `store`, a store or set) as a census input: (store path, meta, input)."""
+    path, store = open_input(bench, model, out, store)
     meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
     return path, meta, CensusInput.from_store(store).check()
 
 
 def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "runs", *,
-               embeddings: np.ndarray | None | str = "load", progress: bool = True) -> tuple[Path, dict]:
-    """Read runs/<bench>/<model>/traces, write census/positions.parquet and summary.json as one unit."""
+               embeddings: np.ndarray | None | str = "load", progress: bool = True,
+               store: str | Path | None = None) -> tuple[Path, dict]:
+    """Read runs/<bench>/<model>/traces (or `store`: a store or a store set), write census/positions.parquet
+    and summary.json as one unit."""
     cfg.validate()
     slug = model_slug(model)
     target = census_dir(out, bench, slug, cfg.pool)
     if (store_dir(out, bench, slug) / "meta.json").exists():
         _restore_or_clean(target)  # leftovers of a census killed while writing
     t0 = time.perf_counter()
-    path, store = open_input(bench, model, out)
-    meta = dict(store.meta, n_requests=store.n_requests)  # counted from the rows, not taken from meta.json
-    data = CensusInput.from_store(store).check()
-    provenance = store_provenance(store)
-    del store
+    path, opened = open_input(bench, model, out, store)
+    meta = dict(opened.meta, n_requests=opened.n_requests)  # counted from the rows, not taken from meta.json
+    data = CensusInput.from_store(opened).check()
+    provenance = store_provenance(opened)
+    del opened
     t_read = time.perf_counter() - t0
     notes = [] if provenance["store_verified"] else [UNVERIFIED_NOTE]
+    if (provenance.get("store_set") or {}).get("note"):
+        notes.append(provenance["store_set"]["note"])  # a set ordered store by store (data/store/storeset.py)
     if isinstance(embeddings, str):
         embeddings, why = load_embeddings(meta)
         if why:
@@ -197,5 +205,7 @@ def format_summary(s: dict) -> str:
                      f"mean pool {pb['mean_pool_tokens']:.0f} tokens")
     if (pb.get("tenants") or 1) > 1:
         lines.append(f"  tenants {pb['tenants']} (each censused against its own traces only)")
+    if isinstance(s.get("store_set"), dict):
+        lines.append(f"  store set of {s['store_set'].get('members')} stores, fingerprint {s.get('store_fingerprint')}")
     lines += [f"  note: {n}" for n in s.get("notes", [])]
     return "\n".join(lines)

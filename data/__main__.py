@@ -77,17 +77,22 @@ def _cmd_capture(args) -> int:
 
 
 def _cmd_show(args) -> int:
-    from data.store.reader import open_store
+    from data.store.storeset import open_store_or_set
 
-    st = open_store(args.path, load_hidden=False)
+    st = open_store_or_set(args.path, load_hidden=False)
     lens = st.requests["output_tokens"].list.len()
     print(f"{st.path}: {st.meta['bench']} / {st.meta['model']} ({st.meta['mode']}), layer {st.meta['layer']} "
           f"of {st.meta['n_layers']}, d_model {st.meta['d_model']}")
     print(f"requests {st.n_requests}, generated tokens {int(lens.sum())}, mean {lens.mean():.1f}, "
           f"max {lens.max()}; stop reasons {dict(st.requests['stop_reason'].value_counts().iter_rows())}")
+    store_set = st.meta.get("store_set")
+    if store_set:  # data/store/storeset.py
+        print(f"store set of {len(store_set['members'])} stores, fingerprint {st.fingerprint}; "
+              + (store_set["note"] or "one stream in the order requests finished (finished_at)"))
     print(tenant_line(st.requests["tenant"].to_list()))
     if st.verified:
-        print(f"checksums: verified ({len(st.meta['checksums'])} files); `python -m data verify` checks the values too")
+        files = len(st.meta.get("checksums") or {}) or "every member's"  # a set's meta holds no checksums
+        print(f"checksums: verified ({files} files); `python -m data verify` checks the values too")
     else:
         print("checksums: none recorded (a store written before checksums): unverified")
     runs = st.meta.get("runs") or []
@@ -127,9 +132,9 @@ def reuse_line(meta: dict, prompt_lengths: list[int]) -> str:
 
 
 def _cmd_verify(args) -> int:
-    from data.store.verify import verify_store
+    from data.store.storeset import verify_store_or_set  # a store, or a store set: every member, then the set
 
-    print(verify_store(args.path))
+    print(verify_store_or_set(args.path))
     return 0
 
 
@@ -185,11 +190,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)
-    s = sub.add_parser("show", help="summarise a trace store")
+    s = sub.add_parser("show", help="summarise a trace store (or a store set: one stream)")
     s.add_argument("path")
     s.set_defaults(fn=_cmd_show)
     v = sub.add_parser("verify", help="full integrity check of a trace store: checksums, schema, prompt hashes, "
-                                      "row counts, values; prints OK or the first problem")
+                                      "row counts, values; prints OK or the first problem. A store set (a folder "
+                                      "of stores, or store folders comma-separated) checks every member, then "
+                                      "that they combine")
     v.add_argument("path")
     v.set_defaults(fn=_cmd_verify)
     m = sub.add_parser("migrate", help="rewrite a trace store of an older layout (store format 1: null state rows, "

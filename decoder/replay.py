@@ -59,7 +59,7 @@ from data.store.layout import (
     replay_dir,
     store_dir,
 )
-from data.store.reader import current_summary, open_store
+from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
 from decoder.workers import check_jobs, die_with_parent
 from decoder.loop import Cycle, Generation, serve_requests, speculate
@@ -266,7 +266,7 @@ def _worker(job: tuple) -> ArmReplay:
     import torch
 
     torch.set_num_threads(1)  # one core per worker: the workers share the machine
-    store = open_store(path)
+    store = open_store_or_set(path)  # a store set merges the same way in every worker
     traces = load_traces(store, limit, cap)
     return replay_arm(arm, traces, nodes, pool, vocab_size, progress=(lambda k: queue.put(k)) if queue else None,
                       settings=settings)
@@ -327,7 +327,9 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     if context_note:
         print(f"note: {context_note}", file=sys.stderr)
     # what makes these results stale when the store changes (reports, --if-missing), and whether its files were checked
-    fingerprint, verified = store.fingerprint, bool(store.verified)
+    fingerprint, verified, set_info = store.fingerprint, bool(store.verified), set_provenance(store)
+    if (set_info.get("store_set") or {}).get("note"):
+        print(f"note: {set_info['store_set']['note']}", file=sys.stderr)
     if not traces or not any(tr.tokens for tr in traces):
         raise OilbirdError(f"trace store {path} holds no generated tokens to replay")
     del store
@@ -347,7 +349,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     base = {
         "kind": "replay", "bench": cfg.bench, "model": meta["model"], "model_fingerprint": meta["model_fingerprint"],
         "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified,
-        "store_note": None if verified else UNVERIFIED_NOTE, "pool": cfg.pool, "limit": cfg.limit,
+        "store_note": None if verified else UNVERIFIED_NOTE, **set_info, "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
         "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed, "sizing": cfg.sizing,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -375,10 +377,9 @@ def expand_decision(cfg: ReplayConfig, slug: str) -> ReplayConfig:
     batch size it measured); without a profile, the harness's trees."""
     if [a.strip() for a in cfg.arms] != [DECISION]:
         return cfg
-    from data.store.reader import read_meta
-
     store = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
-    fingerprint = read_meta(store).get("model_fingerprint") if (store / "meta.json").exists() else None
+    fingerprint = read_store_meta(store).get("model_fingerprint") if (store / "meta.json").exists() or (
+        store.is_dir() or "," in str(store)) else None  # a store, or a set (data/store/storeset.py)
     cost, _ = load_cost(cfg, slug, fingerprint) if fingerprint else (None, None)
     return dataclasses.replace(cfg, arms=decision_arms(cost.meta.get("engine") if cost else None,
                                                        cost.batch_sizes() if cost else (1,)))
@@ -390,11 +391,11 @@ def open_replay_store(cfg: ReplayConfig, arms: list[str], slug: str):
     from decoder.drafters import make_drafter
 
     path = Path(cfg.store) if cfg.store else store_dir(cfg.out, cfg.bench, slug)
-    if not (path / "meta.json").exists():
+    if not (path / "meta.json").exists() and not path.is_dir() and "," not in str(cfg.store or ""):  # or a set
         raise OilbirdError(f"no trace store for {cfg.bench} / {slug} at {path}: run `python -m data capture "
                            f"--bench {cfg.bench} --model {cfg.model} --out {cfg.out}` first (or `make census "
                            f"BENCH={cfg.bench}`)")
-    store = open_store(path)
+    store = open_store_or_set(path)
     meta = store.meta
     check_store_model(meta, cfg.model, path)  # the census's check: never one model's results under another's name
     cap = int(meta["max_new_tokens"])
@@ -546,7 +547,8 @@ def replay_main(argv: list[str] | None = None) -> int:
         p.add_argument("--bootstrap", type=int, default=2000, help="request-bootstrap draws (default 2000; 0 = none)")
         p.add_argument("--profile", default=None,
                        help="verification-cost profile for the speedup estimate (default runs/profiles/<model>-cpu.json)")
-        p.add_argument("--store", default=None, help="trace store folder (default runs/<bench>/<model>/traces)")
+        p.add_argument("--store", default=None, help="trace store folder, or a store set (a folder of stores, or store "
+                       "folders comma-separated: one stream, docs/store.md) (default runs/<bench>/<model>/traces)")
         p.add_argument("--out", default="runs", help="output root (default runs/)")
         p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core, at most one per arm)")
         p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)

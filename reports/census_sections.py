@@ -372,7 +372,11 @@ def notes_section(census: Census) -> str:
     config = census.summary.get("config") if isinstance(census.summary.get("config"), dict) else {}
     items = "".join(f"<li>{esc(n)}</li>" for n in notes)
     cfg = ", ".join(f"{esc(k)} = {esc(v)}" for k, v in config.items())
-    return section("notes", "Notes and settings",
+    members = census.summary.get("store_set") if isinstance(census.summary.get("store_set"), dict) else None
+    store_set = (f'<p class="note">Trace store: a store set of {esc(members.get("members"))} stores read as one stream '
+                 f'(fingerprint {esc(census.summary.get("store_fingerprint"))}; docs/store.md "Store sets").</p>'
+                 if members else "")
+    return section("notes", "Notes and settings", store_set,
                    f"<ul>{items}</ul>" if items else "",
                    f'<p class="note">Census settings: {cfg}.</p>' if cfg else "",
                    f'<p class="note">Positions columns not present: {esc(", ".join(census.missing_columns))}.'

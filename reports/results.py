@@ -4,6 +4,8 @@ Layout read (written by the census and the decoder; only files are read, no code
   runs/<bench>/<model>/traces/meta.json            the store's meta (model name for the tokenizer) and its
                                                    fingerprint now (data/store/reader.py current_fingerprint: a
                                                    result that recorded another one is stale, reports/freshness.py)
+  runs/<bench>/<model>/traces/<store>/meta.json    ... or a store set there (a folder of stores: their common meta and
+                                                   the set's fingerprint, data/store/storeset.py)
   runs/<bench>/<model>/census/summary.json         census, strictly-past pool
   runs/<bench>/<model>/census/positions.parquet
   runs/<bench>/<model>/census-<pool>/...           census with another pool mode (e.g. warm)
@@ -52,7 +54,7 @@ from data.store.layout import (
     census_pool,
     replay_name,
 )
-from data.store.reader import current_fingerprint
+from data.store.storeset import current_fingerprint, read_store_meta  # a store, or a store set
 
 # positions.parquet columns the pages use (docs/census.md); others are ignored.
 POSITION_COLUMNS = ("request", "position", "target", "available", "producible", "gap", "oracle_suffix_len",
@@ -542,6 +544,11 @@ def load_result(folder: Path) -> Result | None:
             meta = read_json(meta_path)
         except OilbirdError:
             meta = None  # only the tokenizer needs it; the page says token ids are shown instead
+    elif (folder / TRACES).is_dir():  # a store set: a folder of stores (data/store/storeset.py), their common meta
+        try:
+            meta = read_store_meta(folder / TRACES)
+        except OilbirdError:
+            meta = None
     # a result whose recorded store_fingerprint differs from this one is stale (reports/freshness.py)
     now = current_fingerprint(folder / TRACES) if meta is not None else None
     result = Result(bench=folder.parent.name, model=folder.name, folder=folder, meta=meta, store_fingerprint=now)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -80,8 +81,9 @@ def test_a_forked_child_does_not_keep_a_dead_writers_lock(store):
                             "else: print(pid, flush=True); os._exit(0)")
     # the child prints once its at-fork handler has run (it runs before any of the child's Python code): on a
     # busy machine the parent can exit before the child is first scheduled
-    lines = [parent.stdout.readline().strip() for _ in range(2)]
-    child = int(next(x for x in lines if x != "child"))
+    # ... and the two processes' lines may interleave on the shared pipe ("9691child\n\n"): the pid is the digits
+    text = "".join(parent.stdout.readline() for _ in range(2)).replace("child", "")
+    child = int(re.search(r"\d+", text).group())
     parent.wait()
     try:
         os.kill(child, 0)  # still running

@@ -270,7 +270,7 @@ def test_a_store_commit_that_fails_while_serving_is_kept_for_the_next(monkeypatc
     store = _served_store(tmp_path / "store", flush=2)
     for i in range(2):
         store.add(_trace(seed=i))
-    real_table, real_json = writer.atomic_write_table, writer.atomic_write_json
+    real_table, real_meta = writer.atomic_write_table, writer.write_meta
 
     def full(path, obj):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -287,13 +287,13 @@ def test_a_store_commit_that_fails_while_serving_is_kept_for_the_next(monkeypatc
         calls.append(path)
         if len(calls) == 2:
             raise OSError(errno.ENOSPC, "No space left on device", str(path))
-        return real_json(path, obj)
+        return real_meta(path, obj)
 
-    monkeypatch.setattr(writer, "atomic_write_json", full_after_the_commit)
+    monkeypatch.setattr(writer, "write_meta", full_after_the_commit)
     with pytest.raises(OSError, match="No space left"):
         store.add(_trace(seed=4))
     assert (store.written, len(store.pending)) == (5, 0)  # committed: requests.parquet names them
-    monkeypatch.setattr(writer, "atomic_write_json", real_json)
+    monkeypatch.setattr(writer, "write_meta", real_meta)
     store.add(_trace(seed=5))
     store.close()  # commits the last
     s = open_store(tmp_path / "store")

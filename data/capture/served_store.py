@@ -13,6 +13,8 @@ What it writes:
   - a commit that fails while serving (a full disk, the folder removed) raises to the recorder, which logs
     it once and counts it and never lets it reach vLLM; the requests stay pending and go with the next
     commit, at most MAX_PENDING_COMMITS commits' worth (the oldest beyond are dropped, counted in `dropped`);
+  - `finished_at`: when serving finished the request (Unix seconds), so a set of replicas' stores reads as
+    one stream in finishing order (data/store/storeset.py);
   - ids `served-<start>-<pid>-<serial>` (unique across restarts), bench OILBIRD_VLLM_BENCH (default
     "served"), group and tenant empty;
   - stop_reason: "eos" when the last token is one of the model's end ids, "length" when the request
@@ -133,7 +135,8 @@ class ServedStore:
             stop_reason=self.stop_reason(trace), seconds=float(seconds),
             hidden=trace.hidden.astype(np.float16), hidden_valid=valid, topk=trace.topk.astype(np.int32),
             prompt_last_hidden=trace.prompt_last_hidden.astype(np.float16),
-            prompt_last_topk=np.asarray(trace.prompt_last_topk, np.int32), tenant=""))
+            prompt_last_topk=np.asarray(trace.prompt_last_topk, np.int32), tenant="",
+            finished_at=time.time()))  # when serving finished it, not when its commit comes (FLUSH later)
         keep = MAX_PENDING_COMMITS * self.flush_every
         if len(self.pending) > keep:  # the store has failed to commit for a while: the oldest go
             self.dropped += len(self.pending) - keep

@@ -70,6 +70,7 @@ def _parse_parquet(path: Path, blob, schema: pa.Schema, legacy_ok: bool = True) 
     table = _read_table(path, blob)
     table = _fill_optional(table, schema)
     table = _fill_validity(table, schema, legacy_ok)
+    table = _fill_optional(table, schema)  # again: a column after a validity one (finished_at) fits only now
     if not table.schema.equals(schema, check_metadata=False):
         raise OilbirdError(f"{path} does not match the trace schema ({_schema_difference(table.schema, schema)})")
     return table

@@ -9,7 +9,9 @@ Layout of `runs/<bench>/<model>/traces/` (the folder: data/store/layout.py `stor
                      every part, so it is the commit point of a resumable capture. Its column
                      `tenant` (string, "" = the default tenant) is absent from stores written
                      before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
-                     checksums, taken over the files' bytes, still hold
+                     checksums, taken over the files' bytes, still hold. Its last column `finished_at`
+                     (float64, Unix seconds of the request's commit) is null in stores written before it
+                     (a store set orders by it: data/store/storeset.py)
   positions-NNNNN.parquet   one row per generated token (position_schema); a part holds whole
                      requests and is renamed into place before requests.parquet names them
 

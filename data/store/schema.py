@@ -58,11 +58,14 @@ def request_schema(d_model: int) -> pa.Schema:
         ("prompt_last_topk", pa.list_(pa.int32(), TOPK)),
         ("tenant", pa.string()),  # after the others: older stores lack it (OPTIONAL_COLUMNS), indices stay put
         pa.field("prompt_last_valid", pa.bool_(), nullable=False),  # store format 2 (VALIDITY)
+        # Unix seconds when the writer committed the request (data/store/writer.py); null in stores written
+        # before it was recorded. A store set orders its members' requests by it (data/store/storeset.py).
+        ("finished_at", pa.float64()),
     ])
 
 
 # Columns a store written by older code may lack: name -> the value every row then takes.
-OPTIONAL_COLUMNS = {"tenant": ""}
+OPTIONAL_COLUMNS = {"tenant": "", "finished_at": None}
 
 
 def position_schema(d_model: int) -> pa.Schema:

@@ -18,6 +18,7 @@ travel with step 2's `pending` and land with the commit, so they stay aligned wi
 from __future__ import annotations
 
 import hashlib
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,9 +76,13 @@ class TraceRecord:
     prompt_last_hidden: np.ndarray  # [d]
     prompt_last_topk: np.ndarray  # [8]
     tenant: str = ""  # the request's tenant ("" = the default one)
+    finished_at: float | None = None  # Unix seconds it finished; None: the writer stamps its commit time
 
 
-def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Table, pa.Table]:
+def records_to_tables(records: list[TraceRecord], d_model: int,
+                      committed_at: float | None = None) -> tuple[pa.Table, pa.Table]:
+    """A request table and a positions table of `records`; a record without `finished_at` gets
+    `committed_at` (null when that is None too)."""
     n = len(records)
     req = pa.Table.from_arrays([
         pa.array([r.request for r in records], pa.int32()),
@@ -94,6 +99,7 @@ def records_to_tables(records: list[TraceRecord], d_model: int) -> tuple[pa.Tabl
                    n, TOPK, pa.int32()),
         pa.array([str(r.tenant) for r in records], pa.string()),
         pa.array(np.ones(n, bool), pa.bool_()),  # every record has its prompt's state
+        pa.array([committed_at if r.finished_at is None else float(r.finished_at) for r in records], pa.float64()),
     ], schema=request_schema(d_model))
     lens = [len(r.output_tokens) for r in records]
     total = int(sum(lens))
@@ -217,7 +223,8 @@ class StoreWriter:
             raise ValueError(f"records must continue the store in order: expected {expect[:3]}...")
         if self.meta.get("complete"):
             self.reopen()
-        req, pos = records_to_tables(records, self.d_model)
+        # the commit time is when a request became readable: a store set orders its members' requests by it
+        req, pos = records_to_tables(records, self.d_model, committed_at=time.time())
         name = f"positions-{len(position_parts(self.path)):05d}.parquet"
         part_sha = atomic_write_table(self.path / name, pos)
         fault_point("after_part_write")
