@@ -2,7 +2,8 @@
 cluster of 2 CPUs (ray.init(num_cpus=2), started once for the module; the commands use it).
 
 Covers: the round-robin split into shard stores whose requests and tokens are the one-store capture's (the
-harness on stories260k, and vLLM on the tiny Llama: 2 actors against one engine); an actor that dies is one
+harness on stories260k, and vLLM on the tiny Llama: 2 actors against one engine), and which verify and read as
+one store set (data/store/storeset.py); an actor that dies is one
 line naming its shard, and the rerun resumes that shard and leaves the finished one byte for byte; the
 refusals (ray missing, an address that does not answer, a bad --ray, --workers below 1 or above the cluster's
 CPUs or the requests, --workers without --ray, --agree-with, a set and a store in one folder, another
@@ -29,6 +30,7 @@ import pytest
 from data.__main__ import main
 from data.capture.ray_capture import EXIT_AFTER_ENV
 from data.store.reader import open_store
+from data.store.storeset import open_store_or_set, verify_store_or_set
 from data.store.verify import verify_store
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -133,6 +135,14 @@ def test_shards_split_round_robin_and_hold_the_one_store_tokens(ray_set, one_sto
         np.testing.assert_allclose(np.asarray(st.hidden[lo:hi], np.float32),
                                    np.asarray(one.hidden[one_lo:one_hi], np.float32), rtol=1e-2, atol=2e-3)
     assert sum(len(v) for v in _by_id(one_store).values()) > 12 * 5
+    # the folder is one store set to every reader: verified whole, one stream ordered by finished_at
+    said = verify_store_or_set(folder).splitlines()  # each member, then the set
+    assert len(said) == 3 and all(line.startswith("OK: ") for line in said)
+    assert said[-1].startswith(f"OK: store set {folder}: 2 stores, 12 requests") and "(finished_at)" in said[-1]
+    merged = open_store_or_set(folder, load_hidden=False)
+    assert merged.order == "finished_at" and sorted(merged.requests["id"].to_list()) == sorted(ids)
+    assert dict(zip(merged.requests["id"].to_list(), merged.requests["output_tokens"].to_list())) == \
+        _by_id(one_store)
 
 
 def test_a_dead_actor_is_one_line_and_the_rerun_resumes_its_shard(ray_set):
@@ -248,6 +258,7 @@ def test_vllm_on_two_actors_gives_the_one_engine_tokens(bench, tiny_llama64, ray
             np.testing.assert_allclose(a, b, rtol=2e-2, atol=2e-2)
             seen += 1
     assert seen == 12 and int(one.offsets[-1]) > 12 * 5
+    assert verify_store_or_set(out).splitlines()[-1].startswith(f"OK: store set {out}: 2 stores, 12 requests")
 
 
 def test_a_folder_of_stores_not_split_by_ray_is_refused(bench, one_store, tmp_path, capsys):
