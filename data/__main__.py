@@ -62,6 +62,14 @@ def _cmd_capture(args) -> int:
                         prefix_cache=args.prefix_cache, prefix_cache_mb=args.prefix_cache_mb,
                         prefix_reuse=args.prefix_cache > 0, engine=args.engine,
                         agree_with=args.agree_with)
+    if args.ray is not None:  # one store per shard, over Ray actors (data/capture/ray_capture.py)
+        from data.capture.ray_capture import capture_on_ray
+        from data.capture.ray_cluster import parse_ray
+
+        print(capture_on_ray(cfg, parse_ray(args.ray), args.workers, args.max_line_bytes))
+        return 0
+    if args.workers is not None:
+        raise OilbirdError("--workers sets the number of Ray actors: it needs --ray auto|local:N|ADDRESS")
     with line_bound(args.max_line_bytes):
         path = capture(cfg)
     print(path)
@@ -172,6 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     c.add_argument("--agree-with", default=None, metavar="STORE",
                    help="a store of the same requests by the other engine: identical requests, first divergence "
                         "and state cosine go into this store's meta.json 'agreement' (data/capture/agreement.py)")
+    c.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                   help="capture over Ray actors, one engine each, into a store set (one store per shard, requests "
+                        "split round robin; each shard resumes on a rerun): a running cluster or a local one (auto), "
+                        "a local one with N CPUs, or a cluster's HOST:PORT / ray://HOST:PORT (docs/capture.md)")
+    c.add_argument("--workers", type=int, default=None,
+                   help="with --ray: the number of shards and actors (default: the set's own on a rerun, else one "
+                        "per GPU of the cluster, or per CPU without GPUs)")
     c.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     c.add_argument("--quiet", action="store_true", help="no progress bar")
     c.set_defaults(fn=_cmd_capture)

@@ -35,7 +35,7 @@ from data.capture.teacher import (
 )
 from data.capture.traffic import TrafficChange, note_extension, refuse_changed, traffic_change
 from data.errors import OilbirdError
-from data.store.layout import RUNS, store_dir
+from data.store.layout import RUNS, SHARD_DIR, shard_name, store_dir
 from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
 from data.store.writer import StoreWriter, TraceRecord
 from data.versions import library_versions
@@ -65,7 +65,8 @@ class CaptureConfig:
     engine: str = "harness"  # harness (this package's transformers loop) | vllm (capture by serving: data/capture/vllm_capture.py)
     agree_with: str | None = None  # a store of the same requests (the other engine's): their agreement goes into
     #                                meta.json "agreement" (data/capture/agreement.py) when the capture ends
-
+    shard: tuple[int, int] | None = None  # (index, of): only requests index, index + of, ... (round robin), into
+    #                                       <store>/shard-<index>, one store of a set (data/capture/ray_capture.py)
 
 
 def fit_prompts(lm: LoadedModel, requests: list[Request], max_new: int, truncate: str | None,
@@ -136,6 +137,25 @@ def _check_committed(path, writer: StoreWriter, requests: list[Request]) -> None
                                "traffic; pass --force to overwrite it or --out for another folder")
 
 
+def set_members(path: Path) -> list[str]:
+    """The shard stores a store set's folder holds (`capture --ray`), by name."""
+    if not path.is_dir():
+        return []
+    return sorted(p.name for p in path.iterdir() if SHARD_DIR.fullmatch(p.name) and (p / "meta.json").is_file())
+
+
+def check_store_folder(path: Path, sharded: bool) -> None:
+    """One folder is one store or one set, never both: a one-store capture into a set's folder would put a
+    meta.json beside its shards, a set's shards into a store's folder would sit inside that store."""
+    members = set_members(path)
+    if not sharded and members:
+        raise OilbirdError(f"{path} holds a store set captured on Ray ({len(members)} shard stores, {members[0]} ...): "
+                           "capture it with --ray again (each shard resumes), or pass --out for another folder")
+    if sharded and (path / "meta.json").exists():
+        raise OilbirdError(f"{path} holds one trace store, not a store set: --ray writes its shard stores where no "
+                           "store is; pass --out for another folder")
+
+
 def check_config(cfg: CaptureConfig) -> None:
     """The settings a capture refuses before it loads anything (one line each)."""
     if cfg.mode not in ("generate", "reference"):
@@ -175,6 +195,7 @@ def store_meta(cfg: CaptureConfig, lm: LoadedModel, info, max_new: int, every_re
         "mode": cfg.mode, "max_new_tokens": max_new, "stop_strings": list(info.stop_strings),
         "truncate": cfg.truncate, "prompt_hash_scheme": PROMPT_HASH_SCHEME, "engine": cfg.engine,
         "versions": library_versions(),
+        **({"shard": {"index": cfg.shard[0], "of": cfg.shard[1], "split": "round-robin"}} if cfg.shard else {}),
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -254,6 +275,8 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     check_config(cfg)
     info = get_benchmark(cfg.bench)
     requests = load_requests(cfg.bench, cfg.limit)
+    if cfg.shard:  # round robin: request i is shard i % of's, so a larger --limit extends every shard at its end
+        requests = requests[cfg.shard[0]::cfg.shard[1]]
     max_new = info.max_new_tokens if cfg.max_new_tokens is None else cfg.max_new_tokens  # 0 is not "default"
     if max_new < 1:
         raise OilbirdError(f"--max-new-tokens must be at least 1 (got {max_new})")
@@ -265,6 +288,9 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     all_refs = [reference_tokens(lm, r) for r in requests] if cfg.mode == "reference" else None
     all_prompts, truncated = fit_prompts(lm, requests, max_new, cfg.truncate, all_refs)
     path = store_dir(cfg.out, cfg.bench, lm.slug)
+    check_store_folder(path, cfg.shard is not None)
+    if cfg.shard:
+        path = path / shard_name(*cfg.shard)
     every_request = load_requests(cfg.bench)  # the whole benchmark: its fingerprint, and the N of "first N of M"
     meta = store_meta(cfg, lm, info, max_new, every_request)
     change = traffic_change(path, every_request, cfg.force)  # traffic grown (or edited) since the store's capture
@@ -273,7 +299,9 @@ def capture(cfg: CaptureConfig, lm: LoadedModel | None = None) -> str:
     # the writer holds the store's lock until this block ends, however it ends (data/store/lock.py)
     with StoreWriter(path, meta, force=cfg.force) as writer:
         if change is not None:
-            _take_grown_traffic(writer, change, every_request, all_prompts, all_refs, info)
+            # a shard's rows are its own requests of the traffic (the refusal names the first that differs)
+            own = every_request[cfg.shard[0]::cfg.shard[1]] if cfg.shard else every_request
+            _take_grown_traffic(writer, change, own, all_prompts, all_refs, info)
         _check_committed(path, writer, requests)
         if writer.done >= len(requests):
             _finish_already_done(path, writer, cfg, len(requests), len(every_request))

@@ -1,6 +1,7 @@
 """The `runs/` layout: every path under the results root is built here, and nowhere else.
 
-  runs/<bench>/<model>/traces/              the trace store (data/store/reader.py)
+  runs/<bench>/<model>/traces/              the trace store (data/store/reader.py), or a store set captured on
+                                            Ray: traces/shard-00/, shard-01/, ... (data/capture/ray_capture.py)
   runs/<bench>/<model>/census/              census, strictly-past pool; census-<pool>/ for another pool
   runs/<bench>/<model>/decode/<arm>/        the live decoder, one folder per arm
   runs/<bench>/<model>/replay/<arm>/        replay, strictly-past pool; replay-<pool>/ for another pool;
@@ -41,6 +42,7 @@ GRID = "grid"
 BENCH = "bench"
 PROFILES = "profiles"
 NODES_DIR = re.compile(r"nodes-(\d+)")  # replay/<arm>/nodes-<N>/: one folder per node budget
+SHARD_DIR = re.compile(r"shard-(\d+)")  # traces/shard-<i>/: one store of a set captured on Ray
 
 
 def component(name: str, what: str) -> str:
@@ -91,6 +93,12 @@ def model_dir(out: str | Path, bench: str, slug: str) -> Path:
 def store_dir(out: str | Path, bench: str, slug: str) -> Path:
     """runs/<bench>/<model>/traces."""
     return model_dir(out, bench, slug) / TRACES
+
+
+def shard_name(index: int, shards: int) -> str:
+    """The folder of shard `index` of `shards` in a store set (`capture --ray`): zero-padded to the widest
+    index, so name order is shard order (a set reads its members in name order)."""
+    return f"shard-{index:0{max(2, len(str(shards - 1)))}d}"
 
 
 def census_name(pool: str) -> str:
