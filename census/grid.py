@@ -99,10 +99,10 @@ def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
 def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
                    max_retries: int = 3) -> list[dict]:
     """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
-    from census.ray_census import gather, import_ray, worker_env
+    from census.ray_census import census_worker_env, gather, import_ray
 
     ray = import_ray()
-    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=worker_env())
+    task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=census_worker_env())
     out = str(Path(out).resolve())  # a worker's working folder is not the driver's
     refs = [task.remote(b, model, cfg, out) for b in benches]
     return gather(ray, refs, [f"census of {b}" for b in benches], "grid censuses", "bench", progress)

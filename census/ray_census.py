@@ -26,12 +26,8 @@ from __future__ import annotations
 
 import os
 import resource
-import socket
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import polars as pl
@@ -40,9 +36,15 @@ from census.definitions import CensusConfig, CensusInput
 from census.keys import exact_describe
 from census.pool import Part, PoolPlan, Setup
 from data.errors import OilbirdError
+from data.raycluster import (  # noqa: F401  (parse_ray, import_ray, start_ray, ray_session: the census's --ray)
+    RayTarget,
+    import_ray,
+    parse_ray,
+    ray_session,
+    start_ray,
+    worker_env,
+)
 
-RAY_SPEC = "ray==2.60.0"  # pyproject.toml's pin; `make install` installs it
-CONNECT_TIMEOUT_S = 10.0  # an ADDRESS that does not answer within this is refused, never waited on
 SHARDS_PER_CPU = 4  # more shards than workers: Ray's queue evens out shards of unequal cost
 # A pooled row costs a query one float32 dot product; a position's other answers cost about what this
 # many rows do (docs/scale.md, one thread at d = 576: lexical, adjacency and payload 26 us per position,
@@ -65,95 +67,13 @@ def check_ray_config(cfg: CensusConfig) -> None:
                            "(docs/scale.md)")
 
 
-@dataclass(frozen=True)
-class RayTarget:
-    """Where --ray runs: `auto` (a running cluster, else a local one), `local:N`, or a cluster's address."""
-
-    text: str
-    kind: str  # auto | local | address
-    cpus: int | None = None  # local:N
-    address: str | None = None
-
-
-def parse_ray(text: str) -> RayTarget:
-    t = (text or "").strip()
-    if t == "auto":
-        return RayTarget(t, "auto")
-    if t.startswith("local:"):
-        n = t[6:]
-        if not n.isdigit() or int(n) < 1:
-            raise OilbirdError(f"--ray {text}: local:N needs a whole number of CPUs >= 1 (e.g. local:2)")
-        return RayTarget(t, "local", cpus=int(n))
-    if ":" not in t.removeprefix("ray://") or not t.rsplit(":", 1)[1].isdigit():
-        raise OilbirdError(f"--ray {text!r}: use auto, local:N (N CPUs on this machine) or a cluster's "
-                           "HOST:PORT (ray://HOST:PORT for Ray client)")
-    return RayTarget(t, "address", address=t)
-
-
-def import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise OilbirdError(f"--ray needs the ray package, which this environment lacks: `make install` "
-                           f"(or `pip install {RAY_SPEC}`), or run without --ray") from None
-    return ray
-
-
-def _probe(address: str, timeout: float) -> None:
-    """A cluster address that does not answer is one line within `timeout`, not ray.init's long wait."""
-    host, port = address.removeprefix("ray://").rsplit(":", 1)
-    try:
-        socket.create_connection((host, int(port)), timeout=timeout).close()
-    except OSError as e:
-        raise OilbirdError(f"--ray {address}: no Ray cluster answers there within {timeout:.0f} s ({e}); start "
-                           "one (`ray start --head`) or use --ray local:N") from None
-
-
-def worker_env() -> dict:
-    """The workers' runtime_env: one thread each, and this checkout's packages first on their path."""
-    root = str(Path(__file__).resolve().parents[1])
-    env = dict(THREAD_ENV, PYTHONPATH=os.pathsep.join([root, *filter(None, [os.environ.get("PYTHONPATH")])]))
+def census_worker_env() -> dict:
+    """The census workers' runtime_env: one thread each (and the lost-worker test hook), on
+    data/raycluster.py's (this checkout's packages first on their path)."""
+    extra = dict(THREAD_ENV)
     if os.environ.get(CRASH_ONCE_ENV):
-        env[CRASH_ONCE_ENV] = os.environ[CRASH_ONCE_ENV]
-    return {"env_vars": env}
-
-
-def start_ray(target: RayTarget, timeout: float = CONNECT_TIMEOUT_S):
-    """ray.init for the target (refused in one line when ray is missing or the address does not answer)."""
-    ray = import_ray()
-    quiet = dict(include_dashboard=False, log_to_driver=False, configure_logging=True, logging_level="ERROR")
-    try:
-        if target.kind == "local":
-            ray.init(num_cpus=target.cpus, **quiet)
-        elif target.kind == "address":
-            _probe(target.address, timeout)
-            ray.init(address=target.address, log_to_driver=False, logging_level="ERROR")
-        else:
-            try:
-                ray.init(address="auto", log_to_driver=False, logging_level="ERROR")
-            except ConnectionError:  # no cluster running here: a local one on this machine's CPUs
-                ray.init(**quiet)
-    except (ConnectionError, TimeoutError, RuntimeError, ValueError) as e:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise OilbirdError(f"--ray {target.text}: could not start or join a Ray cluster ({first})") from None
-    return ray
-
-
-@contextmanager
-def ray_session(target: RayTarget) -> Iterator:
-    """Ray for one command: joined or started here and shut down after; one already initialised in
-    this process (a test's cluster) is used as it is and left running."""
-    ray = import_ray()
-    if target.kind == "address":  # asked for that cluster: it answers, or one line, whatever runs here
-        _probe(target.address, CONNECT_TIMEOUT_S)
-    if ray.is_initialized():
-        yield ray
-        return
-    start_ray(target)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+        extra[CRASH_ONCE_ENV] = os.environ[CRASH_ONCE_ENV]
+    return worker_env(extra)
 
 
 @dataclass
@@ -297,7 +217,7 @@ class RayParts:
         cpus = int(ray.cluster_resources().get("CPU", 1))
         plan = plan_shards(setup, self.shards or SHARDS_PER_CPU * cpus)
         task = ray.remote(census_shard).options(num_cpus=1, max_retries=self.max_retries,
-                                                runtime_env=worker_env())
+                                                runtime_env=census_worker_env())
         part_ids = sorted({s.part for s in plan})
         if setup.budget_tokens is not None and cfg.pool == "past":  # each shard's window travels, not the stream
             inputs = []

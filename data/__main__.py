@@ -64,7 +64,7 @@ def _cmd_capture(args) -> int:
                         agree_with=args.agree_with)
     if args.ray is not None:  # one store per shard, over Ray actors (data/capture/ray_capture.py)
         from data.capture.ray_capture import capture_on_ray
-        from data.capture.ray_cluster import parse_ray
+        from data.raycluster import parse_ray
 
         print(capture_on_ray(cfg, parse_ray(args.ray), args.workers, args.max_line_bytes))
         return 0

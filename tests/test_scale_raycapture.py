@@ -217,7 +217,7 @@ def test_an_address_that_never_answers_times_out(bench, tmp_path):
     srv.bind(("127.0.0.1", 0))
     srv.listen(8)
     port = srv.getsockname()[1]
-    code = ("import sys; import data.capture.ray_cluster as c; c.CONNECT_TIMEOUT_S = 3.0; "
+    code = ("import sys; import data.raycluster as c; c.CONNECT_TIMEOUT_S = 3.0; "
             "from data.__main__ import main; "
             f"sys.exit(main(['capture', '--bench', {bench!r}, '--model', 'stories260k', '--out', {str(tmp_path)!r}, "
             f"'--quiet', '--ray', '127.0.0.1:{port}']))")

@@ -29,11 +29,16 @@ from contextlib import redirect_stderr
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from data.capture.ray_cluster import RayTarget, cluster_size, ray_session, worker_env
-from data.capture.run import CaptureConfig, check_config, check_store_folder, set_members
-from data.store.reader import read_meta
+from data.capture.run import (
+    CaptureConfig,
+    check_config,
+    check_store_folder,
+    set_members,
+)
 from data.errors import OilbirdError, os_error_line
+from data.raycluster import RayTarget, cluster_size, ray_session, worker_env
 from data.store.layout import model_slug, shard_name, store_dir
+from data.store.reader import read_meta
 
 # Test hook (tests/test_scale_raycapture.py): "<shard>:<commits>" ends that shard's actor process (os._exit)
 # right after its <commits>-th commit, as a lost worker would.

@@ -8,8 +8,8 @@
 A process already connected to Ray (a notebook, a test's `ray.init(num_cpus=2)`) uses that connection and
 leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on actors).
 
-The census's `--ray` (census/ray_census.py) reads the same three forms the same way; this module sits in data
-because capture (data/capture/ray_capture.py) may not import census.
+Used by the census (census/ray_census.py, census/grid.py) and capture (data/capture/ray_capture.py); it sits at
+the top of data because both rooms use it and data may not import census.
 """
 
 from __future__ import annotations
@@ -18,16 +18,16 @@ import logging
 import os
 import socket
 import threading
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from data.errors import OilbirdError
 
 RAY_SPEC = "ray==2.60.0"  # what `make install` puts in the environment
 CONNECT_TIMEOUT_S = 10.0  # an ADDRESS that does not answer within this is refused, never waited on
-ROOT = Path(__file__).resolve().parents[2]  # this checkout: the workers import its packages
+ROOT = Path(__file__).resolve().parents[1]  # this checkout: the workers import its packages
 
 
 @dataclass(frozen=True)
