@@ -32,6 +32,17 @@ def write_jsonl(path: Path, prompts: list[str], references: list[str] | None = N
     return f"jsonl:{path}"
 
 
+def capture_story_store(tmp_path_factory, lm, name: str, prompts: list[str], max_new_tokens: int) -> tuple[str, str]:
+    """A stories260k store of `prompts` (a JSONL benchmark) captured under a fresh folder: (bench, runs root)."""
+    from data.capture.run import CaptureConfig, capture
+
+    root = tmp_path_factory.mktemp(name)
+    bench = write_jsonl(root / "bench.jsonl", prompts)
+    capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=max_new_tokens, out=str(root / "runs"),
+                          progress=False), lm=lm)
+    return bench, str(root / "runs")
+
+
 @pytest.fixture
 def one_thread(request):
     """Tiny models run faster on one thread, and far faster when other jobs share the two cores (two

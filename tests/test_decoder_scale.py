@@ -11,7 +11,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.capture.run import CaptureConfig, capture
 from data.index.budget import window_starts
 from data.index.stateindex import unit
 from data.store.layout import replay_dir
@@ -26,7 +25,7 @@ from decoder.harness import DecodeConfig, run_decode
 from decoder.pools import PoolSettings, TenantPools, merge_stats
 from decoder.replay import ReplayConfig, replay_arm, run_replay
 from decoder.traces import Trace, replay_request
-from tests.conftest import STORY_PROMPTS, write_jsonl
+from tests.conftest import STORY_PROMPTS, capture_story_store, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 
@@ -378,11 +377,8 @@ def test_faiss_pool_warm_up_and_budget_eviction():
 
 @pytest.fixture(scope="module")
 def story_store(tmp_path_factory, stories):
-    root = tmp_path_factory.mktemp("scale_store")
-    bench = write_jsonl(root / "bench.jsonl", STORY_PROMPTS + [STORY_PROMPTS[4] + " Tom"])
-    out = str(root / "runs")
-    capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=32, out=out, progress=False), lm=stories)
-    return bench, out
+    prompts = STORY_PROMPTS + [STORY_PROMPTS[4] + " Tom"]
+    return capture_story_store(tmp_path_factory, stories, "scale_store", prompts, 32)
 
 
 def test_replay_index_and_budget_summary(story_store, tmp_path):

@@ -35,7 +35,7 @@ def test_install_cuda_index_and_kept_torch():
     assert len(torch_lines) == 1 and torch_lines[0].endswith(f"--index-url {index}"), lines
     assert not any("--index-url" in line for line in lines if line not in torch_lines)  # only torch comes from there
     kept = _install_lines(TORCH_SPEC="", VENV_FLAGS="--system-site-packages")
-    assert not any('"torch' in line for line in kept) and any('-e ".[test,faiss]"' in line for line in kept), kept
+    assert not any('"torch' in line for line in kept) and any('-e ".[test,faiss,ray]"' in line for line in kept), kept
     default = _install_lines()
     assert any(line.rstrip().endswith('"torch==2.13.0"') for line in default), default  # the CPU wheel, no index
 

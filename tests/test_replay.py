@@ -21,7 +21,7 @@ from decoder.harness import DecodeConfig, run_decode
 from decoder.replay import ReplayConfig, run_replay
 from decoder.traces import StoreRows, Trace, exactness, store_topk, truth_argmax
 from decoder.tree import greedy_accept
-from tests.conftest import STORY_PROMPTS, write_jsonl
+from tests.conftest import STORY_PROMPTS, capture_story_store, write_jsonl
 
 # arms whose proposals depend only on committed tokens and their states: replay must equal live
 EXACT_ARMS = ("pld", "suffix", "sam", "pld+key")
@@ -141,11 +141,7 @@ def test_replay_equals_live_tiny_random(kind, tiny_dirs, tmp_path):
 
 @pytest.fixture(scope="module")
 def small_store(tmp_path_factory, stories):
-    root = tmp_path_factory.mktemp("replay_store")
-    bench = write_jsonl(root / "bench.jsonl", TRAFFIC)
-    capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=32, out=str(root / "runs"),
-                          progress=False), lm=stories)
-    return bench, str(root / "runs")
+    return capture_story_store(tmp_path_factory, stories, "replay_store", TRAFFIC, 32)
 
 
 def test_summary_paired_gain_and_several_nodes(small_store, tmp_path):

@@ -20,14 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError, cli_entry
 from data.index.stateindex import parse_index_spec
 from data.readfile import MAX_JSON_DEPTH
 from data.store.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
 from data.store.writer import StoreWriter, TraceRecord
 from decoder.__main__ import main as decoder_main
-from tests.conftest import STORY_PROMPTS, write_jsonl
+from tests.conftest import STORY_PROMPTS, capture_story_store, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
 LINUX = sys.platform.startswith("linux")
@@ -64,11 +63,7 @@ def _synthetic_store(path: Path, salt: int, n_req: int = 20, n_tok: int = 32, d:
 @pytest.fixture(scope="module")
 def replay_store(tmp_path_factory, stories):
     """A small stories260k store to replay (3 requests of 24 tokens)."""
-    root = tmp_path_factory.mktemp("exits_store")
-    bench = write_jsonl(root / "bench.jsonl", STORY_PROMPTS[:3])
-    capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=24, out=str(root / "runs"),
-                          progress=False), lm=stories)
-    return bench, str(root / "runs")
+    return capture_story_store(tmp_path_factory, stories, "exits_store", STORY_PROMPTS[:3], 24)
 
 
 def _replay(replay_store, *extra: str) -> int:

@@ -22,13 +22,12 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from data.capture.run import CaptureConfig, capture
 from data.store.layout import replay_dir, store_dir
 from decoder.__main__ import main as decoder_main
 from decoder.profile import CostModel, profile_main
 from decoder.replay import ReplayConfig, run_replay
 from decoder.sizing import StepCost
-from tests.conftest import STORY_PROMPTS, write_jsonl
+from tests.conftest import STORY_PROMPTS, capture_story_store
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
 REPO = Path(__file__).resolve().parents[1]
@@ -38,11 +37,7 @@ STORIES_DIR = REPO.parent / "shared" / "models" / "stories260k"
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, stories):
     """A stories260k store of four requests (its contexts run from the prompts' lengths to about 60)."""
-    root = tmp_path_factory.mktemp("trust_profile")
-    bench = write_jsonl(root / "bench.jsonl", STORY_PROMPTS[:4])
-    capture(CaptureConfig(bench=bench, model="stories260k", max_new_tokens=24, out=str(root / "runs"),
-                          progress=False), lm=stories)
-    return bench, str(root / "runs")
+    return capture_story_store(tmp_path_factory, stories, "trust_profile", STORY_PROMPTS[:4], 24)
 
 
 def _profile(path: Path, fingerprint: str, nodes=(0, 8, 64), contexts=(1, 4096), prefill=(1, 4096),
