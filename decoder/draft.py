@@ -23,12 +23,13 @@ from typing import Hashable, Sequence
 
 import numpy as np
 
-ROOT = -1  # parent index meaning "child of the anchor"
-
 # The most draft nodes one verification pass may hold, in every CLI (--nodes of the live decoder, replay,
-# ablations and the profile): the profile measures the verifier up to here, and a tree far beyond it only
-# costs memory (the live decoder took --nodes 100000, grew to 19.7 GB and was OOM-killed, issue 35).
-MAX_NODES = 256
+# ablations and the profile) and in vLLM's settings: the profile measures the verifier up to here, and a tree
+# far beyond it only costs memory (the live decoder took --nodes 100000, grew to 19.7 GB and was OOM-killed,
+# issue 35). Defined with vLLM's settings, in data, which may not import the decoder.
+from data.capture.vllm_settings import MAX_NODES  # noqa: F401  (decoder.draft.MAX_NODES: every CLI's bound)
+
+ROOT = -1  # parent index meaning "child of the anchor"
 
 
 def nodes_error(nodes: int, least: int = 0, flag: str = "--nodes") -> str | None:

@@ -37,7 +37,7 @@ from data.store.layout import check_writable
 
 ENV_PREFIX = "OILBIRD_VLLM_"
 RECORDER_CLASS = "data.capture.vllm_capture.RequestRecorder"  # capture by serving's custom_class (vllm_capture.py)
-MAX_NODES = 256  # the tree's node budget: decoder/profile.py's MAX_NODES, the largest tree a profile prices
+MAX_NODES = 256  # the tree's node budget in every CLI too (decoder/draft.py imports it): the largest a profile prices
 MAX_K = 256  # draft tokens per row and step: no chain is longer than the largest tree
 MAX_FLUSH = 100_000  # finished requests per store commit; more only delays every commit
 MAX_LAYER = 4096  # 1-based capture layer; the model's own count is checked when the tap is made
