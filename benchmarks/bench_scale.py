@@ -24,8 +24,8 @@ Measured, in one run:
      forward at --nodes nodes from the decoder's profile, at its largest profiled context).
 
 With --ray TARGET (`make bench-scale RAY=local:2`), step 1 is instead the census of the tiled store
-with the exact key (a trained --index is not sharded: census/ray_census.py) in the single process and
-on Ray, arms interleaved (--rounds), every process and worker on one thread: wall time, peak memory
+with the exact key (a trained --index is not sharded: census/ray_census.py) and a store budget
+(--store-budget, default 20k tokens) in the single process and on Ray, arms interleaved (--rounds), every process and worker on one thread: wall time, peak memory
 of the driver and per worker, whether the outputs are identical, and the scaling efficiency
 time(1 worker) / (N x time(N workers)) (docs/scale.md).
 
@@ -62,6 +62,10 @@ from data.store.schema import prompt_hash
 from data.store.writer import StoreWriter, TraceRecord
 
 DEFAULT_INDEX = "ivf1024,pq64,nprobe=8"
+# requests per positions part of the tiled store (~16k positions): parts of the size a capture writes, so a Ray
+# shard reads the few parts its rows lie in (data/store/statefiles.py), not a file of half the store
+PART_REQUESTS = 128
+RAY_BUDGET = "20k"  # --ray's store budget in tokens (docs/scale.md: the per-position cost is then c_row x 20k)
 
 
 def tile_records(store, k: int, tiles: int, rng: np.random.Generator, noise: float, vocab: int) -> list[TraceRecord]:
@@ -98,7 +102,8 @@ def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int =
     if (dst / "meta.json").exists():
         have = read_json(dst / "meta.json", "scaled store meta.json")
         if have.get("complete") and have.get("scale", {}).get("tiles") == tiles \
-                and have["scale"].get("noise") == noise and have["scale"].get("order") == "interleaved":
+                and have["scale"].get("noise") == noise and have["scale"].get("order") == "interleaved" \
+                and have["scale"].get("part_requests") == PART_REQUESTS:
             return have["scale"]
     vocab = store_vocab(store)
     content = ("checksums", "n_requests", "complete", "format", "pending", "prompt_tokens_reused", "runs",
@@ -115,12 +120,12 @@ def build_scaled(src: Path, dst: Path, positions: int, noise: float, seed: int =
         per_tile.append(tile_records(store, k, tiles, rng, noise, vocab))
         print(f"  tile {k + 1}/{tiles} made ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     R = store.n_requests
-    step = max(1, 4096 // tiles)
+    step = max(1, PART_REQUESTS // tiles)
     for lo in range(0, R, step):  # serving order: request r of every tile, then r + 1
         w.append([per_tile[k][r] for r in range(lo, min(R, lo + step)) for k in range(tiles)])
         print(f"  requests {min(R, lo + step) * tiles}/{R * tiles} written ({time.perf_counter() - t0:.0f} s)", file=sys.stderr)
     scale = {"source": str(src), "tiles": tiles, "noise": noise, "positions": tiles * n, "requests": tiles * R,
-             "order": "interleaved"}
+             "order": "interleaved", "part_requests": PART_REQUESTS}
     w.finish(scale=scale)
     return scale
 
@@ -277,7 +282,9 @@ def main(argv=None) -> int:
                     help="the census on Ray against the single process on the same store (exact key, one thread "
                          "per worker; local:N also runs local:1 for the scaling efficiency), arms interleaved")
     ap.add_argument("--rounds", type=int, default=1, help="--ray: rounds of the interleaved arms")
-    ap.add_argument("--store-budget", default=None, help="--ray: the census's --store-budget (a bounded pool)")
+    ap.add_argument("--store-budget", default=RAY_BUDGET,
+                    help=f"--ray: the census's --store-budget (default {RAY_BUDGET}: a serving store is bounded, and the "
+                         "exact key over an unbounded 1M-position pool is ~10^4 CPU-seconds; 'none': unbounded)")
     ap.add_argument("--ray-shards", type=int, default=None,
                     help="--ray: shards of every Ray arm (default 4 x N for local:N, else 4 per cluster CPU)")
     ap.add_argument("--skip-retrieval", action="store_true", help="no decoder retrieval measurement")
@@ -299,7 +306,7 @@ def main(argv=None) -> int:
         if args.rounds < 1:
             raise OilbirdError(f"--rounds must be >= 1 (got {args.rounds})")
         r = census_on_ray(scaled_bench, args.model, args.out, args.ray, args.rounds, args.bootstrap, args.recall_sample,
-                          args.ray_shards, args.store_budget)
+                          args.ray_shards, None if args.store_budget == "none" else args.store_budget)
         result["census_ray"] = r
         for name, rs in r["arms"].items():
             w = rs[0]

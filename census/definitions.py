@@ -79,12 +79,14 @@ search keeps that exact.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import polars as pl
 
 from data.errors import OilbirdError
+from data.store.statefiles import StateFiles
 
 POOL_MODES = ("past", "warm")
 
@@ -197,6 +199,18 @@ class CensusInput:
     prompt_hash: list[str]
     meta: dict = field(default_factory=dict)
     tenant: list[str] | None = None  # per request (None: one tenant)
+    # where the states lie when they were left in the store's files (hidden is then [0, d]; row i's state is
+    # states' row i): the census on Ray reads each shard's own (data/store/statefiles.py, census/ray_census.py)
+    states: StateFiles | None = None
+
+    def with_states(self) -> "CensusInput":
+        """This input with its states read (itself when they are in memory)."""
+        if self.states is None:
+            return self
+        hidden, valid = self.states.read_rows(np.arange(self.n_positions))
+        if not np.array_equal(valid, self.hidden_valid):
+            raise OilbirdError("the store's state validity changed after the census read it; rerun the census")
+        return dataclasses.replace(self, hidden=hidden, states=None)
 
     @property
     def n_requests(self) -> int:
@@ -240,11 +254,13 @@ class CensusInput:
         lens = np.diff(self.offsets)[requests]
         sub = CensusInput(
             prompts=[self.prompts[q] for q in requests], tokens=self.tokens[rows],
-            offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64), hidden=self.hidden[rows],
+            offsets=np.concatenate([[0], np.cumsum(lens)]).astype(np.int64),
+            hidden=self.hidden if self.states is not None else self.hidden[rows],
             hidden_valid=self.hidden_valid[rows], topk=self.topk[rows],
             prompt_last_hidden=self.prompt_last_hidden[requests], prompt_last_topk=self.prompt_last_topk[requests],
             prompt_hash=[self.prompt_hash[q] for q in requests], meta=self.meta,
-            tenant=None if self.tenant is None else [self.tenant[q] for q in requests])
+            tenant=None if self.tenant is None else [self.tenant[q] for q in requests],
+            states=None if self.states is None else self.states.permuted(rows))
         return sub, rows
 
     @classmethod
@@ -298,6 +314,7 @@ class CensusInput:
             prompt_hash=store.requests["prompt_hash"].to_list(),
             meta=dict(store.meta),
             tenant=tenant,
+            states=store.state_files,
         )
 
 

@@ -105,15 +105,17 @@ def store_provenance(store: TraceStore) -> dict:
     return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified), **set_provenance(store)}
 
 
-def open_input(bench: str, model: str, out: str | Path, store: str | Path | None = None) -> tuple[Path, TraceStore]:
+def open_input(bench: str, model: str, out: str | Path, store: str | Path | None = None,
+               defer_hidden: bool = False) -> tuple[Path, TraceStore]:
     """The opened trace store of runs/<bench>/<model>, or `store` (a store or a store set: one stream,
-    data/store/storeset.py); refused with one line when missing or damaged."""
+    data/store/storeset.py); refused with one line when missing or damaged. defer_hidden: its states left
+    in its files for the census's Ray shards to read (data/store/statefiles.py)."""
     slug = model_slug(model)
     path = Path(store) if store is not None else store_dir(out, bench, slug)
     if store is None and not (path / "meta.json").exists() and not path.is_dir():  # a folder may hold a set
         raise OilbirdError(f"no trace store for {bench} / {slug} at {path}: run `python -m data capture "
                            f"--bench {bench} --model {model} --out {out}` first (or `make census BENCH={bench}`)")
-    opened = open_store_or_set(path)
+    opened = open_store_or_set(path, defer_hidden=defer_hidden)
     check_store_model(opened.meta, model, path)
     return path, opened
 
@@ -149,7 +151,7 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     if (store_dir(out, bench, slug) / "meta.json").exists():
         _restore_or_clean(target)  # leftovers of a census killed while writing
     t0 = time.perf_counter()
-    path, opened = open_input(bench, model, out, store)
+    path, opened = open_input(bench, model, out, store, defer_hidden=runner is not None)
     meta = dict(opened.meta, n_requests=opened.n_requests)  # counted from the rows, not taken from meta.json
     data = CensusInput.from_store(opened).check()
     provenance = store_provenance(opened)
@@ -175,12 +177,14 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     t_census = time.perf_counter() - t1
     if result.index.get("note"):
         notes.append(result.index["note"])
+    t2 = time.perf_counter()
     summary = summarize(df, cfg, meta=meta, notes=notes, emb_available=embeddings is not None)
+    t_summary = time.perf_counter() - t2
     summary["store"] = str(path)
     summary.update(provenance)
     summary["index"] = result.index
     summary["pool_bounds"] = result.pool
-    summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3),
+    summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3), "summary_s": round(t_summary, 3),
                          "positions_per_s": round(len(df) / max(t_census, 1e-9), 1),
                          "parts_s": {k: round(v, 3) for k, v in parts.items()},
                          "device": str(pick_device(cfg.device)),

@@ -113,6 +113,8 @@ def census_run(data: CensusInput, cfg: CensusConfig, embeddings: np.ndarray | No
         timings[part] = timings.get(part, 0.0) + now - clock[0]
         clock[0] = now
 
+    if runner is None:  # this process censuses every part: the states it left in the store, read now
+        data = data.with_states()
     setup = prepare(data, cfg)
     dev = pick_device(cfg.device)
     set_exact_matmul()

@@ -16,14 +16,19 @@ outputs are the single-process census's. A trained index (`--index ivf...`, `pq6
 here in one line: its answers depend on when it trained and on every state added before, which a
 shard would have to replay in full (docs/scale.md).
 
-Ray does the scheduling, the transport (the parts go through its object store once, read without a
-copy by every worker on a node) and the retries: a worker lost mid-run is a system failure Ray
-retries (`max_retries`), and a shard is a pure function of its inputs, so a retry gives the same
-frame. Each worker runs on one thread (torch, faiss, OMP), so 1 vs 2 workers measures the split.
+The driver opens the store without its states (data/store/reader.py `defer_hidden`): each shard reads
+the states of its own rows from the store's Parquet parts (data/store/statefiles.py, each part checked
+against the sha256 the driver verified), so the driver neither parses nor ships 2d bytes per position,
+most of its serial cost at scale (docs/scale.md); on a cluster of several nodes, the store must be
+at the same path on each (a shared filesystem). Ray does the scheduling, the transport (the parts,
+states aside, go through its object store once, read without a copy by every worker on a node) and
+the retries: a worker lost mid-run is a system failure Ray retries (`max_retries`), and a shard is a
+pure function of its inputs, so a retry gives the same frame. Each worker runs on one thread (torch, faiss, OMP), so 1 vs 2 workers measures the split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import resource
 import time
@@ -128,7 +133,8 @@ def slice_part(part: Part, start: int, last: int) -> Part:
                       hidden_valid=data.hidden_valid[a:b], topk=data.topk[a:b],
                       prompt_last_hidden=data.prompt_last_hidden[start:last],
                       prompt_last_topk=data.prompt_last_topk[start:last], prompt_hash=data.prompt_hash[start:last],
-                      meta=data.meta, tenant=None if data.tenant is None else data.tenant[start:last])
+                      meta=data.meta, tenant=None if data.tenant is None else data.tenant[start:last],
+                      states=None if data.states is None else data.states.permuted(np.arange(a, b)))
     return Part(sub, part.requests[start:last], part.rows[a:b],
                 PoolPlan(sub, part.plan.mode, part.plan.starts[start:last] - start))
 
@@ -181,6 +187,9 @@ def census_shard(part: Part, cfg: CensusConfig, spec, embeddings, first: int, la
     if cfg.pool == "past":  # only the rows its pools can hold (warm: every request pools every other)
         start = int(part.plan.starts[first])
         part, first, last = slice_part(part, start, last), first - start, last - start
+    if part.data.states is not None:  # the driver left the states in the store: this shard reads its own rows
+        part = dataclasses.replace(part, data=part.data.with_states())
+        lap("read_states")
     df, key, _ = census_part(part, cfg, spec, embeddings, np.zeros(0, np.int64), pick_device(cfg.device),
                              False, lap, first=first, last=last)
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
@@ -212,6 +221,7 @@ class RayParts:
     report: dict = field(default_factory=dict)
 
     def __call__(self, setup: Setup, cfg: CensusConfig, embeddings, knn_rows: np.ndarray, timings: dict):
+        t_start = time.perf_counter()
         check_ray_config(cfg)
         ray = import_ray()
         cpus = int(ray.cluster_resources().get("CPU", 1))
@@ -233,7 +243,8 @@ class RayParts:
         refs = [task.remote(ref, cfg, setup.spec, emb, a, b) for ref, a, b in inputs]
         results = gather(ray, refs, [f"census shard (part {s.part}, requests {s.first}..{s.last - 1})" for s in plan],
                          "census shards", "shard", self.progress)
-        wall = time.perf_counter() - t0
+        t_done = time.perf_counter()
+        wall = t_done - t0
         frames, keys = [], []
         for p in part_ids:
             mine = [r for s, r in zip(plan, results) if s.part == p]
@@ -245,6 +256,8 @@ class RayParts:
                 timings[k] = timings.get(k, 0.0) + v
         self.report.update(
             cpus=cpus, shards=len(plan), shards_wall_s=round(wall, 3), workers=len({r.pid for r in results}),
+            # the driver's serial seconds around the shards: the plan and the puts, then the frames joined
+            driver_submit_s=round(t0 - t_start, 3), driver_collect_s=round(time.perf_counter() - t_done, 3),
             shard_s=[round(r.seconds, 3) for r in results], shard_cpu_s=[round(r.cpu_s, 3) for r in results],
             shard_positions=[s.positions for s in plan], shard_requests=[[s.first, s.last] for s in plan],
             peak_rss_gib_per_worker=round(max(r.peak_rss_bytes for r in results) / 2 ** 30, 3))

@@ -139,6 +139,8 @@ def test_cli_ray_writes_the_single_process_census(ray_cluster, tmp_path, capsys)
     assert pl.read_parquet(folder / "positions.parquet").equals(pl.read_parquet(one / "positions.parquet"))
     s_one, s_ray = (json.loads((d / "summary.json").read_text()) for d in (one, folder))
     assert s_ray["timing"]["ray"]["shards"] == 5 and "ray" not in s_one["timing"]
+    # the driver left the states in the store; each shard read its own rows (data/store/statefiles.py)
+    assert "read_states" in s_ray["timing"]["parts_s"] and "read_states" not in s_one["timing"]["parts_s"]
     s_one.pop("timing")
     s_ray.pop("timing")
     assert s_ray == s_one
@@ -227,4 +229,5 @@ def test_store_set_on_ray_is_the_set_censused_in_one_process(ray_cluster, tmp_pa
     assert pl.read_parquet(census / "positions.parquet").equals(pl.read_parquet(one / "positions.parquet"))
     s_one, s_ray = (json.loads((d / "summary.json").read_text()) for d in (one, census))
     assert s_one["requests"] == 24 and s_one["store_set"]["members"] == 3
+    assert "read_states" in s_ray["timing"]["parts_s"]
     assert {k: v for k, v in s_ray.items() if k != "timing"} == {k: v for k, v in s_one.items() if k != "timing"}

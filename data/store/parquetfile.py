@@ -193,14 +193,39 @@ def _fill_optional(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table
 
 
-def _read_checked(path: Path, schema: pa.Schema, legacy_ok: bool = True) -> tuple[pa.Table, str]:
+def _read_checked(path: Path, schema: pa.Schema, legacy_ok: bool = True,
+                  columns: list[str] | None = None) -> tuple[pa.Table, str]:
     """A Parquet file and the sha256 of its bytes (read once for both, into memory Arrow owns). Anything but
     a regular file is refused before it is opened: a device (/dev/zero) would be read without end, a FIFO
-    would block."""
+    would block. columns: only these of a store-format-2 file (legacy_ok False) are parsed (the census's
+    driver leaves the states to its shards: data/store/statefiles.py); the sha256 still covers every byte."""
     regular_file(path, "trace store file")
     try:
         blob = read_file_buffer(path)
     except OSError as e:
         raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
-    return _parse_parquet(path, blob, schema, legacy_ok), hashlib.sha256(blob).hexdigest()
+    digest = hashlib.sha256(blob).hexdigest()
+    if columns is None or legacy_ok:
+        table = _parse_parquet(path, blob, schema, legacy_ok)
+        return (table if columns is None else table.select(columns)), digest
+    return _parse_columns(path, blob, schema, columns), digest
+
+
+def _parse_columns(path: Path, blob: pa.Buffer, schema: pa.Schema, columns: list[str]) -> pa.Table:
+    """`columns` of a store-format-2 file, the others left unparsed (no null rows in format 2; a file whose
+    footer counts some goes the whole way, as _read_table says why)."""
+    if not PYARROW_READS_NULL_ROWS and _footer_counts_null_rows(blob):
+        return _parse_parquet(path, blob, schema, False).select(columns)
+    want = pa.schema([schema.field(c) for c in columns])
+    try:
+        have = pq.read_schema(pa.BufferReader(blob))
+        if all(c in have.names for c in columns):
+            table = pq.read_table(pa.BufferReader(blob), columns=columns)
+        else:
+            table = have.empty_table()
+    except (pa.ArrowInvalid, OSError) as e:
+        raise _corrupt(path, e) from None
+    if not table.schema.equals(want, check_metadata=False):
+        raise OilbirdError(f"{path} does not match the trace schema ({_schema_difference(table.schema, want)})")
+    return table
 

@@ -70,6 +70,7 @@ from data.store.schema import (
     position_schema,
     request_schema,
 )
+from data.store.statefiles import StateFile, StateFiles
 
 
 @dataclass
@@ -90,6 +91,7 @@ class TraceStore:
     offsets: np.ndarray  # [n_requests + 1] int64
     verified: bool = False  # every file matched its checksum in meta.json (False: a store older than checksums)
     file_checksums: dict | None = None  # sha256 of each committed file as read (`fingerprint` of an unverified store)
+    state_files: StateFiles | None = None  # where the states lie when opened with defer_hidden (hidden is [0, d])
 
     @property
     def meta_sealed(self) -> bool:
@@ -227,9 +229,10 @@ class _Committed:
     orphans: list[Path]  # positions parts written by an interrupted commit, named by no request
     promoted: bool  # requests.parquet was committed but meta.json not yet updated (step 3 of 4)
     verified: bool  # checksums were recorded and matched
+    part_names: list[str]  # the positions parts, in the order of `parts`
 
 
-def _load_committed(path: Path, meta: dict) -> _Committed:
+def _load_committed(path: Path, meta: dict, columns: list[str] | None = None) -> _Committed:
     d = int(meta["d_model"])
     req_path = path / "requests.parquet"
     sums = meta.get("checksums")
@@ -240,7 +243,7 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
             raise _damaged(path, f"meta.json records no checksums, yet its {marker} shows it was written by a "
                                  "capture that records them: they were removed, so no file can be checked")
         # written before checksums: nothing to verify, only uncommitted parts to tell apart
-        return _load_unverified(path, d, legacy_ok)
+        return _load_unverified(path, d, legacy_ok, columns)
     if not isinstance(sums, dict):
         raise _damaged(path, "meta.json `checksums` is not an object of file name -> sha256")
     expected = dict(sums)
@@ -261,11 +264,11 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
         raise _damaged(path, f"{req_path.name} is missing")
     else:
         req = request_schema(d).empty_table()
-    parts = []
-    for name in sorted(n for n in expected if n != req_path.name):
+    parts, names = [], sorted(n for n in expected if n != req_path.name)
+    for name in names:
         if not (path / name).exists():
             raise _damaged(path, f"{name} is missing")
-        table, h = _read_checked(path / name, position_schema(d), legacy_ok)
+        table, h = _read_checked(path / name, position_schema(d), legacy_ok, columns)
         if h != expected[name] and h != moving.get(name):
             raise _damaged(path, f"{name} does not match its checksum in meta.json")
         expected[name] = h
@@ -273,25 +276,26 @@ def _load_committed(path: Path, meta: dict) -> _Committed:
     orphans = [p for p in position_parts(path) if p.name not in expected]
     if promoted:
         _check_rows(path, req, parts)
-    return _Committed(req, parts, expected, orphans, promoted, verified=True)
+    return _Committed(req, parts, expected, orphans, promoted, verified=True, part_names=names)
 
 
-def _load_unverified(path: Path, d: int, legacy_ok: bool) -> _Committed:
+def _load_unverified(path: Path, d: int, legacy_ok: bool, columns: list[str] | None = None) -> _Committed:
     """A store written before checksums: parts whose requests requests.parquet names are committed."""
     req_path = path / "requests.parquet"
     req, found = request_schema(d).empty_table(), {}
     if req_path.exists():
         req, found[req_path.name] = _read_checked(req_path, request_schema(d), legacy_ok)
     done = set(req.column("request").to_pylist())
-    parts, orphans = [], []
+    parts, orphans, names = [], [], []
     for part in position_parts(path):
-        table, h = _read_checked(part, position_schema(d), legacy_ok)
+        table, h = _read_checked(part, position_schema(d), legacy_ok, columns)
         if set(table.column("request").to_pylist()) <= done:
             parts.append(table)
+            names.append(part.name)
             found[part.name] = h
         else:
             orphans.append(part)
-    return _Committed(req, parts, found, orphans, promoted=False, verified=False)
+    return _Committed(req, parts, found, orphans, promoted=False, verified=False, part_names=names)
 
 
 def written_with_checksums(meta: dict) -> str | None:
@@ -332,8 +336,11 @@ def _check_rows(path: Path, req: pa.Table, parts: list[pa.Table]):
     pos = pa.concat_tables(parts) if parts else position_schema(d).empty_table()
     if not _in_order(req, ("request",)):  # capture writes them in order; sorting copies every state
         req = req.sort_by("request")
+    order = None  # the stream's row i is row order[i] of the parts' concatenation (None: i)
     if not _in_order(pos, ("request", "position")):
-        pos = pos.sort_by([("request", "ascending"), ("position", "ascending")])
+        order = pc.sort_indices(pos, sort_keys=[("request", "ascending"), ("position", "ascending")])
+        pos = pos.take(order)
+        order = order.to_numpy().astype(np.int64)
     requests = pl.from_arrow(req.drop_columns(["prompt_last_hidden", "prompt_last_topk", "prompt_last_valid"]))
     positions = pl.from_arrow(pos.select(["request", "position", "token"]))
     n_req = requests.height
@@ -353,7 +360,7 @@ def _check_rows(path: Path, req: pa.Table, parts: list[pa.Table]):
     flat_out = requests["output_tokens"].explode().drop_nulls().to_numpy()
     if not np.array_equal(positions["token"].to_numpy(), flat_out.astype(np.int32)):
         raise _damaged(path, "position tokens differ from output_tokens")
-    return req, pos, requests, positions, offsets
+    return req, pos, requests, positions, offsets, order
 
 
 def _hashes_checked(meta: dict) -> bool:
@@ -376,8 +383,12 @@ def _check_prompt_hashes(path: Path, req: pa.Table) -> None:
 
 
 def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_model: int | None = None,
-               allow_incomplete: bool = False, load_hidden: bool = True) -> TraceStore:
-    """Read and validate a trace store. Mismatches with the expected model are one-line errors."""
+               allow_incomplete: bool = False, load_hidden: bool = True, defer_hidden: bool = False) -> TraceStore:
+    """Read and validate a trace store. Mismatches with the expected model are one-line errors.
+
+    load_hidden False: no states (`hidden` is [0, d], `hidden_valid` empty). defer_hidden: the states are
+    not parsed but left where they are, `state_files` saying where (data/store/statefiles.py), with
+    `hidden_valid` read; a store older than format 2 or than checksums has its states loaded instead."""
     path = Path(path)
     meta = read_meta(path)
     rerun = "rerun the same capture command to resume it (nothing captured so far is lost)"
@@ -396,7 +407,8 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     d = int(meta["d_model"])
     if not (path / "requests.parquet").exists() and "requests.parquet" not in (meta.get("checksums") or {}):
         raise OilbirdError(f"trace store {path} has no requests.parquet")
-    got = _load_committed(path, meta)
+    defer = defer_hidden and load_hidden and can_defer_states(meta)
+    got = _load_committed(path, meta, [c for c in position_schema(d).names if c != "hidden"] if defer else None)
     if meta["complete"] and (got.orphans or got.promoted):
         what = got.orphans[0].name if got.orphans else "requests.parquet"
         raise OilbirdError(f"trace store {path}: {what} was written by an interrupted capture and never "
@@ -406,13 +418,18 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     if meta["complete"] and meta.get("n_requests") is not None and int(meta["n_requests"]) != got.requests.num_rows:
         raise OilbirdError(f"trace store {path}: meta.json says {meta['n_requests']} requests but requests.parquet "
                            f"holds {got.requests.num_rows}: an extension of the store was interrupted; {rerun}")
-    req, pos, requests, positions, offsets = _check_rows(path, got.requests, got.parts)
+    req, pos, requests, positions, offsets, order = _check_rows(path, got.requests, got.parts)
     if _hashes_checked(meta):
         _check_prompt_hashes(path, req)
 
     valid = bools(pos.column("hidden_valid"))
     topk = _zero_invalid(fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)[0], valid)
-    if load_hidden:
+    state_files = None
+    if defer:
+        hidden = np.zeros((0, d), np.float16)
+        state_files = StateFiles(d, [StateFile(str(path / n), got.checksums[n], t.num_rows)
+                                     for n, t in zip(got.part_names, got.parts)], order)
+    elif load_hidden:
         hidden = _zero_invalid(fixed_list_to_numpy(pos.column("hidden"), d, np.float16)[0], valid)
     else:
         hidden, valid = np.zeros((0, d), np.float16), np.zeros(0, bool)
@@ -421,7 +438,13 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     plt = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
     return TraceStore(path=path, meta=meta, requests=requests, positions=positions, hidden=hidden,
                       hidden_valid=valid, topk=topk, prompt_last_hidden=plh, prompt_last_topk=plt,
-                      offsets=offsets, verified=got.verified, file_checksums=got.checksums)
+                      offsets=offsets, verified=got.verified, file_checksums=got.checksums, state_files=state_files)
+
+
+def can_defer_states(meta: dict) -> bool:
+    """A store whose states `defer_hidden` leaves in their files: format 2 (a validity column, no null rows),
+    with checksums (what a later reader of a part checks it against)."""
+    return _store_format(meta) >= STORE_FORMAT and isinstance(meta.get("checksums"), dict)
 
 
 def _zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:

@@ -42,6 +42,7 @@ import polars as pl
 from data.errors import OilbirdError
 from data.store import reader
 from data.store.reader import TraceStore, _store_format, open_store, read_meta
+from data.store.statefiles import StateFiles
 
 SEPARATOR = ","
 # meta.json fields every member must share: states, token ids or prompt hashes of two settings in one stream
@@ -266,9 +267,14 @@ def _merge(spec: str, members: list[Path], stores: list[TraceStore]) -> StoreSet
         requests, positions = requests[flat], positions[rows]
     requests = requests.with_columns(pl.Series("request", np.arange(n, dtype=np.int32)))
     positions = positions.with_columns(pl.Series("request", np.repeat(np.arange(n, dtype=np.int32), lens)))
-    loaded = all(len(s.hidden_valid) == int(s.offsets[-1]) for s in stores)  # load_hidden=False: empty states
+    # load_hidden=False: no states nor validity; defer_hidden: validity, and the states where they lie
+    loaded = all(len(s.hidden) == int(s.offsets[-1]) for s in stores)
     hidden = gather([s.hidden for s in stores], rows) if loaded else stores[0].hidden
-    valid = gather([s.hidden_valid for s in stores], rows) if loaded else stores[0].hidden_valid
+    known = all(len(s.hidden_valid) == int(s.offsets[-1]) for s in stores)
+    valid = gather([s.hidden_valid for s in stores], rows) if known else stores[0].hidden_valid
+    state_files = None
+    if not loaded and all(s.state_files is not None for s in stores):
+        state_files = StateFiles.concat([s.state_files for s in stores]).permuted(None if identity else rows)
     fps = [s.fingerprint for s in stores]
     meta = _set_meta([s.meta for s in stores], members, fps, order, note, n)
     reused = [s.meta.get("prompt_tokens_reused") for s in stores]
@@ -279,7 +285,8 @@ def _merge(spec: str, members: list[Path], stores: list[TraceStore]) -> StoreSet
                     hidden_valid=valid, topk=gather([s.topk for s in stores], rows),
                     prompt_last_hidden=gather([s.prompt_last_hidden for s in stores], flat),
                     prompt_last_topk=gather([s.prompt_last_topk for s in stores], flat), offsets=offsets,
-                    verified=all(s.verified for s in stores), file_checksums=None, members=list(members),
+                    verified=all(s.verified for s in stores), file_checksums=None, state_files=state_files,
+                    members=list(members),
                     member_fingerprints=fps, member_of=member, member_request=index, order=order,
                     order_note=note, members_sealed=all(s.meta_sealed for s in stores))
 
@@ -291,6 +298,8 @@ def open_store_or_set(spec: str | Path, **kwargs) -> TraceStore:
     if members is None:
         return open_store(spec, **kwargs)
     _check_combinable(spec, members, [read_meta(m) for m in members], [None] * len(members))  # before any read
+    if kwargs.get("defer_hidden") and not all(reader.can_defer_states(read_meta(m)) for m in members):
+        kwargs = dict(kwargs, defer_hidden=False)  # one member's states in memory: every member's (one array)
     stores = [open_store(m, **kwargs) for m in members]
     _check_combinable(spec, members, [s.meta for s in stores], [s.fingerprint for s in stores])
     return _merge(str(spec), members, stores)
