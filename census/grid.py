@@ -28,10 +28,14 @@ class GridCapture:
 
 
 def _store_complete(path: Path, want: int | None) -> bool:
+    """The benchmark's store holds `want` requests (a store set there, served traffic: complete as it is)."""
     from data.store.reader import read_meta
+    from data.store.storeset import holds_traces, set_members
 
-    if not (path / "meta.json").exists():
+    if not holds_traces(path):
         return False
+    if not (path / "meta.json").exists():
+        return all(read_meta(m).get("complete") for m in set_members(path))
     try:
         meta = read_meta(path)
     except OilbirdError:
@@ -46,11 +50,12 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
 
     from data.benchmarks.registry import grid_limit, grid_limit_note, load_requests
     from data.store.layout import model_slug, store_dir
+    from data.store.storeset import holds_traces
 
     path = store_dir(out, bench, model_slug(model))
     limit = grid_limit(bench) if capture is not None and capture.limits else None
     if capture is None:
-        if not (path / "meta.json").exists():
+        if not holds_traces(path):  # a store, or a store set (data/store/storeset.py)
             raise OilbirdError(f"no census and no trace store for {bench} / {model_slug(model)} under {out}: "
                                f"run `make census BENCH={bench} MODEL={model}` or `python -m census grid --capture`")
         return
@@ -71,7 +76,7 @@ def ensure_store(bench: str, model: str, out: str | Path, capture: GridCapture |
 def current(bench: str, model: str, cfg: CensusConfig, out: str | Path) -> dict | None:
     """The census summary of the store as it is now, or None when missing or stale."""
     from data.store.layout import census_dir, model_slug, store_dir
-    from data.store.reader import current_summary
+    from data.store.storeset import current_summary
 
     folder = census_dir(out, bench, model_slug(model), cfg.pool)
     s = current_summary(folder / "summary.json", store_dir(out, bench, model_slug(model)), config=cfg.as_dict())
@@ -114,7 +119,7 @@ def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Pat
     task per benchmark (`census_benches`), after every capture; the rows are the same."""
     from data.benchmarks.registry import get_benchmark
     from data.store.layout import model_slug, store_dir
-    from data.store.reader import read_meta
+    from data.store.storeset import holds_traces, read_store_meta
 
     if capture is not None:
         for bench in benches:
@@ -134,7 +139,7 @@ def grid_table(benches: list[str], model: str, cfg: CensusConfig, out: str | Pat
         ensure_store(bench, model, out, capture if ray is None else None, progress, loaded)
         s = load_or_run(bench, model, cfg, out, progress)
         meta_path = store_dir(out, bench, model_slug(model))
-        meta = read_meta(meta_path) if (meta_path / "meta.json").exists() else {}
+        meta = read_store_meta(meta_path) if holds_traces(meta_path) else {}
         rows.append({"bench": bench, "positions": s["positions"], "requests": s["requests"],
                      "requests_total": meta.get("requests_total"), "limit": meta.get("limit"),
                      "max_new_tokens": meta.get("max_new_tokens"), **{c: s[c] for c in COLUMNS}})

@@ -160,7 +160,7 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=None, help="token cap (default: the benchmark's)")
     p.add_argument("--out", default="runs", help="output root (default runs/)")
     p.add_argument("--warm-from", default=None, metavar="STORE",
-                   help="a captured trace store (runs/<bench>/<model>/traces) whose requests start every pool")
+                   help="a captured trace store (runs/<bench>/<model>/traces), or a store set, whose requests start every pool")
     p.add_argument("--dtype", default=None, help="float32 | bfloat16 | float16 (default fp32 CPU, bf16 CUDA)")
     p.add_argument("--device", default=None, help="cpu | cuda (default: cuda when available)")
     p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)

@@ -86,7 +86,7 @@ from data.index.stateindex import DEFAULT_INDEX
 from data.stats import RequestBootstrap
 from data.store.files import atomic_write_json, atomic_write_table
 from data.store.layout import component, decode_dir
-from data.store.reader import open_store
+from data.store.storeset import open_store_or_set
 from data.store.schema import prompt_hash
 from data.versions import library_versions
 from decoder.audit import lossless_audit
@@ -191,8 +191,9 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
 
 
 def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray, str]]:
-    """(prompt, output tokens, states float32, tenant) of every request of a captured store, in order."""
-    store = open_store(path, model_fingerprint=lm.fingerprint, d_model=lm.d_model)
+    """(prompt, output tokens, states float32, tenant) of every request of a captured store, or of a store set
+    (data/store/storeset.py: its members as one stream), in order."""
+    store = open_store_or_set(path, model_fingerprint=lm.fingerprint, d_model=lm.d_model)
     tenants = store.requests["tenant"].to_list() if "tenant" in store.requests.columns else None
     pool = []
     for r in range(store.n_requests):

@@ -71,11 +71,11 @@ def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
 
     points = 4 gives the shortest, the 50/90% quantiles and the longest (points = 1: the longest only): the
     whole range, so replay interpolates and never extrapolates (decoder/pricing.py)."""
-    from data.store.reader import open_store
+    from data.store.storeset import open_store_or_set
 
     if points < 1:
         raise OilbirdError(f"points must be at least 1 (got {points})")
-    store = open_store(store_path, load_hidden=False)
+    store = open_store_or_set(store_path, load_hidden=False)  # a store, or a store set read as one stream
     prompt = store.requests["prompt_tokens"].list.len().to_numpy().astype(np.int64)
     out = store.requests["output_tokens"].list.len().to_numpy().astype(np.int64)
     if out.sum() > 0:
@@ -407,9 +407,10 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
         return tuple(cfg.contexts)
     if cfg.bench is not None:
         from data.store.layout import store_dir
+        from data.store.storeset import holds_traces
 
         path = store_dir(cfg.out, cfg.bench, slug)
-        if not (path / "meta.json").exists():
+        if not holds_traces(path):
             raise OilbirdError(f"no trace store at {path} to take context lengths from: capture one with "
                                f"`python -m data capture --bench {cfg.bench} --model {cfg.model}`")
         return tuple(contexts_from_store(path))

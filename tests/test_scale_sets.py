@@ -271,6 +271,28 @@ def test_reports_read_a_set_in_the_runs_layout(stores, tmp_path, capsys):
     assert is_stale(census.summary, load_result(model))
 
 
+def test_grid_profile_contexts_and_warm_pool_read_a_set(stores, stories, tmp_path, capsys):
+    """The other readers of runs/<bench>/<model>/traces take a set there as they take the one store: the census
+    grid (its row), the profile's context lengths (`profile --bench`), the live decoder's `--warm-from` pool."""
+    from census.definitions import CensusConfig
+    from census.grid import grid_table
+    from decoder.harness import load_warm_pool
+    from decoder.profile import contexts_from_store
+
+    cfg = CensusConfig(bootstrap=0)
+    rows = {}
+    for name, src in (("one", stores["one"]), ("set", stores["folder"])):
+        model = tmp_path / name / "sets" / "stories260k"
+        model.mkdir(parents=True)
+        shutil.copytree(src, model / "traces")
+        rows[name] = grid_table(["sets"], "stories260k", cfg, tmp_path / name, progress=False)["rows"][0]
+    assert rows["set"] == rows["one"] and rows["one"]["requests"] == 8
+    assert contexts_from_store(stores["folder"]) == contexts_from_store(stores["one"])
+    one, merged = load_warm_pool(str(stores["one"]), stories), load_warm_pool(str(stores["folder"]), stories)
+    assert [(p, t, n) for p, t, _, n in merged] == [(p, t, n) for p, t, _, n in one]
+    assert all(np.array_equal(a[2], b[2]) for a, b in zip(merged, one))
+
+
 def test_one_member_without_finished_at_orders_by_first_finish_else_created(stores, tmp_path):
     """Mixed: members with finished_at rank by their first request's; the one without by its `created`."""
     folder = tmp_path / "set"

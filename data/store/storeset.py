@@ -122,6 +122,16 @@ def is_store_set(spec: str | Path) -> bool:
     return set_members(spec) is not None
 
 
+def holds_traces(spec: str | Path) -> bool:
+    """A store or a readable store set is there (never raises: a reader then says what is wrong)."""
+    if (Path(spec) / "meta.json").exists():
+        return True
+    try:
+        return is_store_set(spec)
+    except OilbirdError:
+        return False
+
+
 def _check_combinable(spec, members: list[Path], metas: list[dict], fingerprints: list[str | None]) -> None:
     """One line for members that cannot be read as one stream (module docstring)."""
     first, m0 = members[0], metas[0]
