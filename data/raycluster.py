@@ -6,7 +6,7 @@
   It is probed first (a TCP connect, CONNECT_TIMEOUT_S) and `ray.init` itself gets the same bound: an
   address that does not answer is one line, never a wait (ray.init alone retries for minutes).
 A process already connected to Ray (a notebook, a test's `ray.init(num_cpus=2)`) uses that connection and
-leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on actors).
+leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on tasks and actors).
 
 Used by the census (census/ray_census.py, census/grid.py), capture (data/capture/ray_capture.py) and replay
 (decoder/ray_replay.py: replay and the ablations); it sits at the top of data because every room uses it and
