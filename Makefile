@@ -26,7 +26,8 @@ LIMIT  ?=
 # MAX_NEW= (empty) uses the benchmark's own cap (1024 for API-Bank), BATCH=1 plain batch-1 decoding.
 MAX_NEW ?= 256
 BATCH   ?= 32
-# RAY=auto|local:N|HOST:PORT spreads the census over Ray tasks (identical outputs; docs/scale.md)
+# RAY=auto|local:N|HOST:PORT spreads the census over Ray tasks, and in `make replay` / `make ablations` runs one Ray
+# task per arm instead of worker processes (identical outputs; docs/scale.md)
 RAY     ?=
 RAY_FLAG = $(if $(RAY),--ray $(RAY))
 # ENGINE=vllm captures by serving (vLLM; docs/vllm.md); the default is this package's harness
@@ -100,7 +101,7 @@ profile: $(STAMP)
 
 replay: $(STAMP)
 	set -e; profile=$(PROFILE_PATH); \
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile" $(ARGS)
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile" $(RAY_FLAG) $(ARGS)
 
 reports: $(STAMP)
 	$(PY) -m reports --runs $(OUT)
@@ -155,9 +156,10 @@ bench-numerics: $(STAMP)
 bench-replay: $(STAMP)
 	$(PY) benchmarks/bench_replay.py --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
 
-# the ablation table and the transplant ladder, by replay over the whole store (pool past)
+# the ablation table and the transplant ladder, by replay over the whole store (pool past); RAY=local:N: one Ray
+# task per arm
 ablations: $(STAMP)
-	$(PY) -m decoder ablations --bench $(BENCH) --model $(MODEL) --out $(OUT) $(ARGS)
+	$(PY) -m decoder ablations --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG) $(ARGS)
 
 # The cross-benchmark grid: capture each benchmark (SmolLM2, MAX_NEW, BATCH rows; the first N requests
 # where the whole one does not fit 20 min on 2 cores, data/benchmarks/registry.py GRID_LIMITS), its census, the

@@ -104,7 +104,8 @@ def census_task(bench: str, model: str, cfg: CensusConfig, out: str) -> dict:
 def census_benches(benches: list[str], model: str, cfg: CensusConfig, out: str, progress: bool,
                    max_retries: int = 3) -> list[dict]:
     """One Ray task per benchmark (the grid's censuses), in the running Ray session: their summaries."""
-    from census.ray_census import census_worker_env, gather, import_ray
+    from census.ray_census import census_worker_env
+    from data.raycluster import gather, import_ray
 
     ray = import_ray()
     task = ray.remote(census_task).options(num_cpus=1, max_retries=max_retries, runtime_env=census_worker_env())

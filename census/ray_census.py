@@ -42,7 +42,9 @@ from census.keys import exact_describe
 from census.pool import Part, PoolPlan, Setup
 from data.errors import OilbirdError
 from data.raycluster import (  # noqa: F401  (parse_ray, import_ray, start_ray, ray_session: the census's --ray)
+    THREAD_ENV,
     RayTarget,
+    gather,
     import_ray,
     parse_ray,
     ray_session,
@@ -58,8 +60,6 @@ LEXICAL_ROWS = 2000
 # Test hook: with this set to a path, the first shard to start creates the file and exits the worker
 # process (os._exit), as a lost worker would; the retry finds the file and runs (tests/test_scale_raycensus.py).
 CRASH_ONCE_ENV = "OILBIRD_RAY_CRASH_ONCE"
-THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
-              "TOKENIZERS_PARALLELISM": "false"}
 
 
 def check_ray_config(cfg: CensusConfig) -> None:
@@ -263,31 +263,3 @@ class RayParts:
             peak_rss_gib_per_worker=round(max(r.peak_rss_bytes for r in results) / 2 ** 30, 3))
         return frames, keys, [np.zeros((0, cfg.candidates), np.int64) for _ in frames]
 
-
-def gather(ray, refs: list, labels: list[str], desc: str, unit: str, progress: bool) -> list:
-    """The tasks' results in submission order, a bar counting tasks done (ray.wait); a task that failed
-    is one line naming it (an OilbirdError raised in the worker keeps its text)."""
-    from tqdm import tqdm
-
-    pending = {ref: i for i, ref in enumerate(refs)}
-    results: list = [None] * len(refs)
-    with tqdm(total=len(refs), desc=desc, unit=unit, disable=not progress) as bar:
-        while pending:
-            done, _ = ray.wait(list(pending), num_returns=1)
-            for ref in done:
-                i = pending.pop(ref)
-                try:
-                    results[i] = ray.get(ref)
-                except ray.exceptions.RayTaskError as e:
-                    cause = getattr(e, "cause", None)
-                    if isinstance(cause, OilbirdError):
-                        raise OilbirdError(str(cause)) from None
-                    why = str(cause or e).strip().splitlines()
-                    raise OilbirdError(f"{labels[i]} failed on a Ray worker: "
-                                       f"{why[-1] if why else type(e).__name__}") from None
-                except ray.exceptions.RayError as e:  # a worker lost more often than max_retries, a node gone
-                    why = str(e).strip().splitlines()
-                    raise OilbirdError(f"{labels[i]} was lost on the Ray cluster after retries: "
-                                       f"{why[0] if why else type(e).__name__}") from None
-                bar.update()
-    return results

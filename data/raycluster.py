@@ -6,10 +6,12 @@
   It is probed first (a TCP connect, CONNECT_TIMEOUT_S) and `ray.init` itself gets the same bound: an
   address that does not answer is one line, never a wait (ray.init alone retries for minutes).
 A process already connected to Ray (a notebook, a test's `ray.init(num_cpus=2)`) uses that connection and
-leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on actors).
+leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on tasks and actors).
 
-Used by the census (census/ray_census.py, census/grid.py) and capture (data/capture/ray_capture.py); it sits at
-the top of data because both rooms use it and data may not import census.
+Used by the census (census/ray_census.py, census/grid.py), capture (data/capture/ray_capture.py) and replay
+(decoder/ray_replay.py: replay and the ablations); it sits at the top of data because every room uses it and
+data may import neither census nor decoder. `gather` is the tasks' side of it: their results in order, a
+progress bar, a failed task in one line.
 """
 
 from __future__ import annotations
@@ -28,6 +30,10 @@ from data.errors import OilbirdError
 RAY_SPEC = "ray==2.60.0"  # what `make install` puts in the environment
 CONNECT_TIMEOUT_S = 10.0  # an ADDRESS that does not answer within this is refused, never waited on
 ROOT = Path(__file__).resolve().parents[1]  # this checkout: the workers import its packages
+# a CPU task's worker runs on one thread: Ray gives it one CPU, and a library's own thread pool would take the
+# CPUs of the tasks beside it
+THREAD_ENV = {"OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1",
+              "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass(frozen=True)
@@ -168,3 +174,32 @@ def worker_env(extra: dict[str, str] | None = None) -> dict:
     wherever Ray starts them), plus `extra`."""
     path = os.pathsep.join([str(ROOT), *filter(None, [os.environ.get("PYTHONPATH")])])
     return {"env_vars": {"PYTHONPATH": path, **(extra or {})}}
+
+
+def gather(ray, refs: list, labels: list[str], desc: str, unit: str, progress: bool) -> list:
+    """The tasks' results in submission order, a bar counting tasks done (ray.wait); a task that failed
+    is one line naming it (an OilbirdError raised in the worker keeps its text)."""
+    from tqdm import tqdm
+
+    pending = {ref: i for i, ref in enumerate(refs)}
+    results: list = [None] * len(refs)
+    with tqdm(total=len(refs), desc=desc, unit=unit, disable=not progress) as bar:
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            for ref in done:
+                i = pending.pop(ref)
+                try:
+                    results[i] = ray.get(ref)
+                except ray.exceptions.RayTaskError as e:
+                    cause = getattr(e, "cause", None)
+                    if isinstance(cause, OilbirdError):
+                        raise OilbirdError(str(cause)) from None
+                    why = str(cause or e).strip().splitlines()
+                    raise OilbirdError(f"{labels[i]} failed on a Ray worker: "
+                                       f"{why[-1] if why else type(e).__name__}") from None
+                except ray.exceptions.RayError as e:  # a worker lost more often than max_retries, a node gone
+                    why = str(e).strip().splitlines()
+                    raise OilbirdError(f"{labels[i]} was lost on the Ray cluster after retries: "
+                                       f"{why[0] if why else type(e).__name__}") from None
+                bar.update()
+    return results

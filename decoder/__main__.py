@@ -1,9 +1,12 @@
 """`python -m decoder --bench B --model M --arms ar,sam,lexical`: serve a benchmark with every arm, side by side.
 
-Two more commands share the entry point:
+More commands share the entry point:
   python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay.py)
+  python -m decoder ablations --bench B --model M             the ablation table and ladder, by replay (ablations.py)
   python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
   python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (decoder/vllm/run.py)
+replay and ablations run their arms in worker processes here (--jobs N) or as one Ray task each (--ray
+auto|local:N|ADDRESS; decoder/replay_runs.py), with the same results.
 """
 
 from __future__ import annotations
@@ -148,8 +151,10 @@ def serve_main(argv: list[str] | None = None) -> int:
         prog="python -m decoder",
         description="Serve a benchmark in order with each arm (ar first, the reference), writing "
                     "runs/<bench>/<model>/decode/<arm>/{cycles.parquet,requests.parquet,summary.json}. "
-                    "Also: `python -m decoder replay ...` (every arm over a captured store, without the model) "
-                    "and `python -m decoder profile ...` (verification cost for replay's speedup estimate).",
+                    "Also: `python -m decoder replay ...` (every arm over a captured store, without the model), "
+                    "`python -m decoder ablations ...` (the ablation table, by replay; both take --jobs N or --ray "
+                    "auto|local:N|ADDRESS: one Ray task per arm) and `python -m decoder profile ...` (verification "
+                    "cost for replay's speedup estimate).",
         epilog=ARMS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bench", required=True, help="benchmark name (python -m data list) or jsonl:PATH")
     p.add_argument("--model", default="smollm2-135m", help="HF id, local dir, or alias smollm2-135m | stories260k")

@@ -32,6 +32,9 @@ paper's B = 60), so the table reads as the paper's; the tree sized for tokens pe
 (`make census`).
 Not measured: in replay the ring buffer records nothing, so rollouts=0 equals oilbird there
 (decoder/replay.py).
+Where the arm runs go: worker processes on this machine (`--jobs`, one per core by default), or one Ray
+task per arm (`--ray auto|local:N|HOST:PORT`, decoder/replay_runs.py: the same results, timings aside;
+`make ablations RAY=local:8`).
 Results: runs/<bench>/<model>/ablations/<arm>/ (replay's folders) and ablations.json beside them.
 """
 
@@ -109,14 +112,16 @@ def inverse_gain(folder: Path, arm: str, n_requests: int, bootstrap: int,
     return paired_ratio(request_passes(folder, arm, n_requests), request_passes(folder, MERGED, n_requests), boot)
 
 
-def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int, progress: bool) -> dict:
+def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int, progress: bool,
+        ray: str | None = None) -> dict:
+    """The table: one replay of every arm (jobs: worker processes; ray: one Ray task per arm instead)."""
     from decoder.replay import ReplayConfig, run_replay
 
     arms = list(dict.fromkeys([MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs),
                                *(a for _, a in HEADLINE)]))  # one replay; an arm named twice runs once
     folder = ablations_dir(out, bench, model_slug(model))
     cfg = ReplayConfig(bench=bench, model=model, arms=tuple(arms), nodes=(nodes,), pool="past", out=out,
-                       bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder),
+                       bootstrap=bootstrap, jobs=jobs, progress=progress, results_dir=str(folder), ray=ray,
                        pair_against=MERGED, sizing="flat")  # the paper's fixed budget: every candidate verified
     t0 = time.perf_counter()
     summaries = run_replay(cfg)
@@ -210,11 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--nodes", type=int, default=60)
     p.add_argument("--bootstrap", type=int, default=2000)
     p.add_argument("--jobs", type=int, default=0, help="worker processes (default one per core)")
+    p.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                   help="one Ray task per arm instead of worker processes: auto (a running cluster, else a local "
+                        "one), local:N (N CPUs here) or a cluster's HOST:PORT; the same results (docs/scale.md); "
+                        "not with --jobs")
     p.add_argument("--quiet", action="store_true")
     args = p.parse_args(argv)
     if nodes_error(args.nodes, least=1):
         raise OilbirdError(nodes_error(args.nodes, least=1))
-    r = run(args.bench, args.model, args.out, args.nodes, args.bootstrap, args.jobs, not args.quiet)
+    r = run(args.bench, args.model, args.out, args.nodes, args.bootstrap, args.jobs, not args.quiet, args.ray)
     print(format_table(r))
     print(model_dir(args.out, args.bench, model_slug(args.model)) / ABLATIONS_FILE)
     return 0

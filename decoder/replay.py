@@ -24,6 +24,10 @@ keeps the states in faiss instead); `--store-budget B` bounds the past pool to t
 data/index/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
 column gets one drafter per tenant, so no request drafts from another tenant's traces.
 
+Arm runs (decoder/replay_runs.py): each (arm, nodes) replays on its own, in worker processes on this
+machine (`--jobs`) or as one Ray task each (`--ray auto|local:N|HOST:PORT`); the outputs are the same
+either way, timings aside (tests/test_scale_rayablations.py).
+
 Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; with several --nodes
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
 summary.json (see docs/replay.md). Every summary records `store_fingerprint` (the store it was computed on:
@@ -36,13 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import gc
-import multiprocessing
 import os
 import sys
 import time
 from dataclasses import dataclass
-from multiprocessing.managers import SyncManager
 from pathlib import Path
 from typing import Sequence
 
@@ -61,21 +62,26 @@ from data.store.layout import (
 )
 from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
-from decoder.workers import check_jobs, die_with_parent
-from decoder.loop import Cycle, Generation, serve_requests, speculate
-from decoder.passes import SEMANTIC_SOURCE, paired_ratio, pass_statistics
+from decoder.passes import paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, decision_arms, paired_arm
 from decoder.pools import (
     INDEX_HELP,
     PoolSettings,
-    TenantPools,
     check_index,
     index_summary,
     resolve_budget,
     warmup_note,
 )
 from decoder.pricing import arm_batch, check_coverage, check_nodes, cost_sized_arms, priced_span
-from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
+from decoder.replay_runs import (  # noqa: F401  (replay_arm: one arm's replay, imported from here by its users)
+    ArmReplay,
+    check_ray,
+    replay_arm,
+    run_in_processes,
+    run_on_ray,
+)
+from decoder.traces import Trace, load_traces, uses_states
+from decoder.workers import check_jobs
 
 # `--arms decision` (what `make census` replays): decoder/policy.py's decision_arms for the profile's engine
 DECISION = "decision"
@@ -99,7 +105,9 @@ class ReplayConfig:
     bootstrap: int = 2000  # request-bootstrap draws for the intervals (0 = none)
     seed: int = 0
     profile: str | None = None  # None = runs/profiles/<model slug>-cpu.json when it exists
-    jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores)
+    jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores); not with ray
+    ray: str | None = None  # --ray auto|local:N|HOST:PORT: one Ray task per (arm, nodes) (decoder/replay_runs.py);
+    #                         None = this machine's worker processes (jobs)
     progress: bool = True
     index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/index/stateindex.py; decoder/pools.py)
     store_budget: str | None = None  # --store-budget: tokens ("200k") or megabytes ("64MB"); None = unbounded
@@ -135,64 +143,6 @@ def resolve_arms(arms: Sequence[str]) -> list[str]:
     if dupes:
         raise OilbirdError(f"--arms names {', '.join(dupes)} twice")
     return names
-
-
-# ---------------------------------------------------------------- one arm
-
-@dataclass
-class ArmReplay:
-    arm: str
-    nodes: int
-    cycles: list[list[Cycle]]  # per request
-    pool_s: np.ndarray  # pool time per request: the window's evictions and add_trace
-    seconds: float  # wall time of the arm's replay
-    exact: bool
-    exact_reason: str
-    has_key: bool
-    stats: dict | None = None
-    warm_s: float = 0.0
-    pools: dict | None = None  # TenantPools.summary: tenants, the budget, the largest pool drafted from
-
-
-def replay_arm(arm: str, traces: list[Trace], nodes: int, pool: str, vocab_size: int,
-               progress=None, settings: PoolSettings | None = None) -> ArmReplay:
-    """Serve every trace with fresh drafters of `arm` (one per tenant; pools empty, or warm), in order:
-    the live decoder's request runner and loop, the store as the verifier.
-
-    `settings`: the index spec and the budget window (decoder/pools.py); default exact, unbounded."""
-    from decoder.drafters import make_drafter
-
-    settings = settings or PoolSettings()
-    # The store's traces and earlier arms' results are long-lived: frozen, the cyclic collector stops walking
-    # them, so its full collections (about 0.1 s over API-Bank's store) stop landing in a timed drafting pass.
-    gc.collect()
-    gc.freeze()
-    make = lambda: make_drafter(arm, vocab_size=vocab_size, nodes=nodes, shared=settings.shared())  # noqa: E731
-    pools = TenantPools(make, settings.budget_tokens)
-    probe = make()
-    exact, reason = exactness(probe)
-    states = uses_states(probe)
-    t_start = time.perf_counter()
-    warm_s = 0.0
-    if pool == "warm":  # each tenant's drafter gets its own tenant's traces only
-        pools.add_warm((tr.prompt, tr.tokens, tr.pool_states(), tr.tenant) for tr in traces)
-        warm_s = time.perf_counter() - t_start
-
-    def decode(r: int, drafter) -> Generation:
-        tr = traces[r]
-        run = speculate(drafter, TraceVerifier(tr, vocab_size), tr.prompt, nodes)
-        hidden = tr.pool_states() if states and pool == "past" else None  # what joins the pool
-        return Generation(tokens=tr.tokens, stop_reason=run.stop_reason, seconds=run.seconds,
-                          prefill_s=run.prefill_s, cycles=run.cycles, hidden=hidden)
-
-    gens, pool_s = serve_requests([tr.prompt for tr in traces], [tr.tenant for tr in traces], pools, decode,
-                                  join=pool == "past", on_request=(lambda g, s: progress(1)) if progress else None)
-    per_request = [g.cycles for g in gens]
-    stats = pools.counters()
-    has_key = bool(stats and stats.get("semantic_key")) or any(
-        SEMANTIC_SOURCE in c.node_sources for cs in per_request for c in cs)
-    return ArmReplay(arm, nodes, per_request, np.asarray(pool_s), time.perf_counter() - t_start, exact, reason,
-                     has_key, stats, warm_s, pools.summary())
 
 
 # ---------------------------------------------------------------- time estimate
@@ -260,18 +210,6 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
     return True
 
 
-def _worker(job: tuple) -> ArmReplay:
-    """One (arm, nodes) in a worker process: the traces come from the store each worker reads itself."""
-    arm, nodes, path, limit, cap, pool, vocab_size, queue, settings = job
-    import torch
-
-    torch.set_num_threads(1)  # one core per worker: the workers share the machine
-    store = open_store_or_set(path)  # a store set merges the same way in every worker
-    traces = load_traces(store, limit, cap)
-    return replay_arm(arm, traces, nodes, pool, vocab_size, progress=(lambda k: queue.put(k)) if queue else None,
-                      settings=settings)
-
-
 def check_config(cfg: ReplayConfig) -> None:
     if cfg.pool not in POOLS:
         raise OilbirdError(f"--pool must be past or warm (got {cfg.pool!r})")
@@ -283,6 +221,7 @@ def check_config(cfg: ReplayConfig) -> None:
     if len(set(cfg.nodes)) != len(cfg.nodes):
         raise OilbirdError("--nodes names a value twice")
     check_jobs(cfg.jobs)
+    check_ray(cfg.ray, cfg.jobs)
     if cfg.limit is not None and cfg.limit < 1:
         raise OilbirdError(f"--limit must be at least 1 (got {cfg.limit})")
     if cfg.max_new_tokens is not None and cfg.max_new_tokens < 1:
@@ -338,12 +277,11 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size,
                             step_cost=cost if cfg.sizing == "profile" else None)
     jobs = [(arm, nodes) for arm in arms for nodes in cfg.nodes]
-    n_workers = cfg.jobs or min(len(jobs), os.cpu_count() or 1)
-    if n_workers > 1 and len(jobs) > 1 and n_workers >= (os.cpu_count() or 1):
-        # every core holds a worker: the key's worker thread would share one with a sibling and stall both (the
-        # whole API-Bank store with 2 workers on 2 cores: 0.34 ms of key time a pass instead of 0.03, p99 5.7 ms)
-        settings = dataclasses.replace(settings, key_overlap="off")
-    runs = _run_jobs(jobs, traces, path, cfg, cap, vocab_size, n_workers, settings)
+    if cfg.ray is not None:  # one Ray task per (arm, nodes) (decoder/replay_runs.py); the same runs
+        runs = run_on_ray(cfg.ray, jobs, traces, cfg.pool, vocab_size, settings, cfg.progress)
+    else:
+        runs = run_in_processes(jobs, traces, path, cfg.pool, cfg.limit, cfg.max_new_tokens, vocab_size, settings,
+                                cfg.jobs or min(len(jobs), os.cpu_count() or 1), cfg.progress)
 
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
@@ -466,45 +404,6 @@ def add_paired_gains(summaries: dict, runs: dict, arm_seconds: dict, pair_agains
         s["paired_gain"] = gain
 
 
-def _run_jobs(jobs, traces, path, cfg: ReplayConfig, cap, vocab_size, n_workers,
-              settings: PoolSettings) -> dict[tuple[str, int], ArmReplay]:
-    from tqdm import tqdm
-
-    total = len(jobs) * len(traces)
-    bar = tqdm(total=total, unit="req", desc=f"replay {len(jobs)} arm run(s)", disable=not cfg.progress,
-               dynamic_ncols=True)
-    try:
-        if n_workers <= 1 or len(jobs) == 1:
-            out = {}
-            for arm, nodes in jobs:
-                bar.set_postfix(arm=arm, nodes=nodes, refresh=False)
-                out[(arm, nodes)] = replay_arm(arm, traces, nodes, cfg.pool, vocab_size, progress=bar.update,
-                                               settings=settings)
-            return out
-        ctx = multiprocessing.get_context("spawn")  # fork would copy torch/polars thread state
-        manager = SyncManager(ctx=ctx)  # every helper ends with this process, even on kill -9 (decoder/workers.py)
-        manager.start(die_with_parent, (os.getpid(),))
-        with manager:
-            queue = manager.Queue()
-            with ctx.Pool(n_workers, initializer=die_with_parent, initargs=(os.getpid(),)) as pool:
-                pending = pool.map_async(_worker, [(arm, nodes, str(path), cfg.limit, cfg.max_new_tokens, cfg.pool,
-                                                    vocab_size, queue, settings) for arm, nodes in jobs], chunksize=1)
-                done = 0
-                while not pending.ready() or done < total:
-                    try:
-                        k = queue.get(timeout=0.2)
-                    except Exception:
-                        if pending.ready():
-                            break
-                        continue
-                    done += k
-                    bar.update(k)
-                results = pending.get()
-        return {(r.arm, r.nodes): r for r in results}
-    finally:
-        bar.close()
-
-
 def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> None:
     """One folder per arm, written whole and swapped in (decoder.harness.write_folder)."""
     from decoder.harness import cycles_table, write_folder
@@ -551,6 +450,10 @@ def replay_main(argv: list[str] | None = None) -> int:
                        "folders comma-separated: one stream, docs/store.md) (default runs/<bench>/<model>/traces)")
         p.add_argument("--out", default="runs", help="output root (default runs/)")
         p.add_argument("--jobs", type=int, default=0, help="worker processes (default: one per core, at most one per arm)")
+        p.add_argument("--ray", default=None, metavar="auto|local:N|ADDRESS",
+                       help="one Ray task per (arm, nodes), one per CPU of the cluster: auto (a running cluster, else a "
+                            "local one), local:N (N CPUs here) or a cluster's HOST:PORT (ray://HOST:PORT from outside "
+                            "it); the same results as without it (docs/scale.md); not with --jobs")
         p.add_argument("--index", default=DEFAULT_INDEX, metavar="SPEC", help=INDEX_HELP)
         p.add_argument("--store-budget", default=None, metavar="B",
                        help="bound the past pool to B generated tokens (200k, 1.5M) or megabytes (64MB): the oldest "
@@ -573,7 +476,7 @@ def replay_main(argv: list[str] | None = None) -> int:
                            pool=args.pool, limit=args.limit, max_new_tokens=args.max_new_tokens, out=args.out,
                            store=args.store, bootstrap=args.bootstrap, profile=args.profile, jobs=args.jobs,
                            progress=not args.quiet, index=args.index, store_budget=args.store_budget,
-                           index_train_size=args.index_train, sizing=args.sizing)
+                           index_train_size=args.index_train, sizing=args.sizing, ray=args.ray)
         if args.if_missing and replay_is_current(cfg):
             print(f"{replay_dir(cfg.out, cfg.bench, model_slug(cfg.model), cfg.pool)}: every arm's replay of the store "
                   "as it is now exists (--if-missing); not recomputed", file=sys.stderr)

@@ -56,6 +56,17 @@ def one_thread(request):
     torch.set_num_threads(before)
 
 
+@pytest.fixture(scope="module")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for one test module (data/raycluster.py); a command's `--ray local:2`
+    inside it uses it as it is (ray_session)."""
+    from data.raycluster import parse_ray, start_ray
+
+    ray = start_ray(parse_ray("local:2"))
+    yield ray
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def stories():
     if not STORIES.is_dir():

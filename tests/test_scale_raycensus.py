@@ -3,7 +3,8 @@ positions and summary to the digit (tenants, a store budget, warm pool, the stat
 lost mid-run is retried by Ray with the same result, and every refusal is one line with exit code 2.
 
 Every comparison is against the single-process census computed in the same test. One local Ray cluster
-(2 CPUs) serves the module. Run: python -m pytest -q tests/test_scale_raycensus.py
+(2 CPUs, tests/conftest.py ray_cluster) serves the module.
+Run: python -m pytest -q tests/test_scale_raycensus.py
 """
 
 from __future__ import annotations
@@ -23,9 +24,7 @@ from census.ray_census import (
     CRASH_ONCE_ENV,
     RayParts,
     census_shard,
-    parse_ray,
     plan_shards,
-    start_ray,
 )
 from data.errors import OilbirdError
 from tests.test_census import write_store
@@ -37,13 +36,6 @@ CONFIGS = {
     "budget": CensusConfig(bootstrap=0, store_budget="40"),
     "warm": CensusConfig(bootstrap=0, pool="warm"),
 }
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray = start_ray(parse_ray("local:2"))
-    yield ray
-    ray.shutdown()
 
 
 def _one_line(capsys, *words):
