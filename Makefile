@@ -89,7 +89,7 @@ census: $(STAMP)
 	$(PY) -m census --bench $(BENCH) --model $(MODEL) --out $(OUT) $(RAY_FLAG)
 	set -e; profile=$(PROFILE_PATH); \
 	$(PY) -m decoder profile --model $(MODEL) --bench $(BENCH) --out $(OUT) --engine $(PROFILE_ENGINE) --file "$$profile" $(PROFILE_BATCH_FLAG) --if-missing; \
-	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile"
+	$(PY) -m decoder replay --bench $(BENCH) --model $(MODEL) --out $(OUT) --arms $(REPLAY_ARMS) --profile "$$profile" $(RAY_FLAG)
 	$(PY) -m reports --runs $(OUT)
 
 census-only: $(STAMP)
