@@ -408,7 +408,9 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
     if not (path / "requests.parquet").exists() and "requests.parquet" not in (meta.get("checksums") or {}):
         raise OilbirdError(f"trace store {path} has no requests.parquet")
     defer = defer_hidden and load_hidden and can_defer_states(meta)
-    got = _load_committed(path, meta, [c for c in position_schema(d).names if c != "hidden"] if defer else None)
+    # the states' column is not parsed where it is not wanted here (format 2 only: _read_checked)
+    skip = defer or not load_hidden
+    got = _load_committed(path, meta, [c for c in position_schema(d).names if c != "hidden"] if skip else None)
     if meta["complete"] and (got.orphans or got.promoted):
         what = got.orphans[0].name if got.orphans else "requests.parquet"
         raise OilbirdError(f"trace store {path}: {what} was written by an interrupted capture and never "
