@@ -23,7 +23,8 @@ most of its serial cost at scale (docs/scale.md); on a cluster of several nodes,
 at the same path on each (a shared filesystem). Ray does the scheduling, the transport (the parts,
 states aside, go through its object store once, read without a copy by every worker on a node) and
 the retries: a worker lost mid-run is a system failure Ray retries (`max_retries`), and a shard is a
-pure function of its inputs, so a retry gives the same frame. Each worker runs on one thread (torch, faiss, OMP), so 1 vs 2 workers measures the split.
+pure function of its inputs, so a retry gives the same frame. Each worker runs on one thread (torch,
+faiss, OMP), so 1 vs 2 workers measures the split.
 """
 
 from __future__ import annotations

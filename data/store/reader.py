@@ -69,6 +69,7 @@ from data.store.schema import (
     fixed_list_to_numpy,
     position_schema,
     request_schema,
+    zero_invalid,
 )
 from data.store.statefiles import StateFile, StateFiles
 
@@ -425,19 +426,19 @@ def open_store(path: str | Path, *, model_fingerprint: str | None = None, d_mode
         _check_prompt_hashes(path, req)
 
     valid = bools(pos.column("hidden_valid"))
-    topk = _zero_invalid(fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)[0], valid)
+    topk = zero_invalid(fixed_list_to_numpy(pos.column("topk"), TOPK, np.int32)[0], valid)
     state_files = None
     if defer:
         hidden = np.zeros((0, d), np.float16)
         state_files = StateFiles(d, [StateFile(str(path / n), got.checksums[n], t.num_rows)
                                      for n, t in zip(got.part_names, got.parts)], order)
     elif load_hidden:
-        hidden = _zero_invalid(fixed_list_to_numpy(pos.column("hidden"), d, np.float16)[0], valid)
+        hidden = zero_invalid(fixed_list_to_numpy(pos.column("hidden"), d, np.float16)[0], valid)
     else:
         hidden, valid = np.zeros((0, d), np.float16), np.zeros(0, bool)
     prompt_valid = bools(req.column("prompt_last_valid"))
-    plh = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_hidden"), d, np.float16)[0], prompt_valid)
-    plt = _zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
+    plh = zero_invalid(fixed_list_to_numpy(req.column("prompt_last_hidden"), d, np.float16)[0], prompt_valid)
+    plt = zero_invalid(fixed_list_to_numpy(req.column("prompt_last_topk"), TOPK, np.int32)[0], prompt_valid)
     return TraceStore(path=path, meta=meta, requests=requests, positions=positions, hidden=hidden,
                       hidden_valid=valid, topk=topk, prompt_last_hidden=plh, prompt_last_topk=plt,
                       offsets=offsets, verified=got.verified, file_checksums=got.checksums, state_files=state_files)
@@ -448,12 +449,4 @@ def can_defer_states(meta: dict) -> bool:
     with checksums (what a later reader of a part checks it against)."""
     return _store_format(meta) >= STORE_FORMAT and isinstance(meta.get("checksums"), dict)
 
-
-def _zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
-    """Rows whose validity is false read as zeros (what format 2 writes there; a hand edit may not)."""
-    if valid.all() or not rows[~valid].any():
-        return rows
-    rows = rows.copy()
-    rows[~valid] = 0
-    return rows
 

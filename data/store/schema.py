@@ -135,3 +135,12 @@ def fixed_list_to_numpy(col: pa.ChunkedArray | pa.Array, width: int, dtype) -> t
 
 def bools(col: pa.ChunkedArray) -> np.ndarray:
     return np.asarray(col.to_numpy(), dtype=bool)
+
+
+def zero_invalid(rows: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    """Rows whose validity is false read as zeros (what format 2 writes there; a hand edit may not)."""
+    if valid.all() or not rows[~valid].any():
+        return rows
+    rows = rows.copy()
+    rows[~valid] = 0
+    return rows

@@ -29,8 +29,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from data.errors import OilbirdError
-from data.store.arrowmem import read_file_buffer
-from data.store.schema import bools, fixed_list_to_numpy
+from data.readfile import regular_file
+from data.store.parquetfile import _corrupt, _file_bytes
+from data.store.schema import bools, fixed_list_to_numpy, zero_invalid
 
 STATE_COLUMNS = ["hidden", "hidden_valid"]
 
@@ -92,28 +93,22 @@ class StateFiles:
 def read_part_states(f: StateFile, d: int) -> tuple[np.ndarray, np.ndarray]:
     """One positions part's states (zeros where its validity is false) and validity, checked against its sha256."""
     path = Path(f.path)
-    try:
-        blob = read_file_buffer(path)
-    except FileNotFoundError:
+    if not path.exists():
         raise OilbirdError(f"{path} is not there on host {socket.gethostname()}: a reader on another machine (a "
                            "Ray worker on another node) needs the store at the same path, on a filesystem every "
-                           "node mounts") from None
-    except OSError as e:
-        raise OilbirdError(f"cannot read {path}: {e.strerror or e}") from None
+                           "node mounts")
+    regular_file(path, "trace store file")  # a FIFO or device swapped in would block or never end
+    blob = _file_bytes(path)
     if hashlib.sha256(blob).hexdigest() != f.sha256:
         raise OilbirdError(f"{path} changed after the census read its store (its sha256 differs): the store was "
                            "rewritten while the census ran; rerun it")
     try:
         table = pq.read_table(pa.BufferReader(blob), columns=STATE_COLUMNS)
     except (pa.ArrowException, OSError) as e:
-        raise OilbirdError(f"corrupt Parquet file {path}: {str(e).splitlines()[0]}") from None
+        raise _corrupt(path, e) from None
     want = pa.list_(pa.float16(), d)
     if table.num_rows != f.rows or table.schema.field("hidden").type != want:
         raise OilbirdError(f"{path} holds {table.num_rows} rows of {table.schema.field('hidden').type}, not the "
                            f"{f.rows} rows of {want} its store recorded")
     valid = bools(table.column("hidden_valid"))
-    hidden = fixed_list_to_numpy(table.column("hidden"), d, np.float16)[0]
-    if not valid.all() and hidden[~valid].any():  # what format 2 writes there (reader.py _zero_invalid)
-        hidden = hidden.copy()
-        hidden[~valid] = 0
-    return hidden, valid
+    return zero_invalid(fixed_list_to_numpy(table.column("hidden"), d, np.float16)[0], valid), valid
