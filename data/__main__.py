@@ -60,7 +60,7 @@ def _cmd_capture(args) -> int:
                         dtype=args.dtype, device=args.device, layer=args.layer, progress=not args.quiet,
                         truncate=args.truncate, flush_every=args.flush_every,
                         prefix_cache=args.prefix_cache, prefix_cache_mb=args.prefix_cache_mb,
-                        prefix_reuse=args.prefix_cache > 0, engine=args.engine,
+                        prefix_reuse=args.prefix_cache > 0, engine=args.engine, vllm_eager=args.vllm_eager,
                         agree_with=args.agree_with)
     if args.ray is not None:  # one store per shard, over Ray actors (data/capture/ray_capture.py)
         from data.capture.ray_capture import capture_on_ray
@@ -177,6 +177,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="reference mode: bound on the prefix cache's KV memory in MB (default 1024)")
     c.add_argument("--engine", choices=["harness", "vllm"], default="harness",
                    help="harness (default: this package's decoding loop) or vllm (capture by serving; docs/vllm.md)")
+    c.add_argument("--vllm-eager", action="store_true",
+                   help="with --engine vllm: serve in eager mode (enforce_eager) instead of vLLM's default compilation")
     c.add_argument("--agree-with", default=None, metavar="STORE",
                    help="a store of the same requests by the other engine: identical requests, first divergence "
                         "and state cosine go into this store's meta.json 'agreement' (data/capture/agreement.py)")

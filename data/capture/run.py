@@ -65,6 +65,7 @@ class CaptureConfig:
     engine: str = "harness"  # harness (this package's transformers loop) | vllm (capture by serving: data/capture/vllm_capture.py)
     agree_with: str | None = None  # a store of the same requests (the other engine's): their agreement goes into
     #                                meta.json "agreement" (data/capture/agreement.py) when the capture ends
+    vllm_eager: bool = False  # --engine vllm: eager mode (enforce_eager) instead of vLLM's default compilation
     shard: tuple[int, int] | None = None  # (index, of): only requests index, index + of, ... (round robin), into
     #                                       <store>/shard-<index>, one store of a set (data/capture/ray_capture.py)
 
@@ -166,6 +167,8 @@ def check_config(cfg: CaptureConfig) -> None:
         raise OilbirdError("--flush-every must be at least 1")
     if cfg.engine not in ENGINES:
         raise OilbirdError(f"unknown --engine '{cfg.engine}'; use {' or '.join(ENGINES)}")
+    if cfg.vllm_eager and cfg.engine != "vllm":
+        raise OilbirdError("--vllm-eager sets vLLM's mode: it needs --engine vllm")
     if cfg.engine == "vllm" and cfg.mode != "generate":
         raise OilbirdError("--engine vllm captures by serving (--mode generate); teacher forcing runs in the harness")
     if cfg.engine == "vllm":
@@ -221,6 +224,8 @@ class _Commits:
         if cfg.mode == "reference":
             run["batch_size"] = 1  # teacher-forced requests are forwarded one at a time (batching measured no gain)
             run["prefix_cache"] = cfg.prefix_cache if use_prefix else 0
+        if cfg.engine == "vllm":  # which of vLLM's modes served it (the states agree: tests/test_vllm.py)
+            run["vllm_mode"] = "eager" if cfg.vllm_eager else "compiled"
         return cls(dict(writer.meta.get("truncated") or {}), reused, runs, run)
 
     def meta(self) -> dict:
@@ -256,12 +261,13 @@ def _engine_stream(cfg: CaptureConfig, lm: LoadedModel, prompts: list[list[int]]
     from pathlib import Path
 
     from data.capture.vllm_capture import RECORDER_CLASS, TRACES_ENV, vllm_generations
-    from data.capture.vllm_engine import LAYER_ENV, EngineConfig, make_llm
+    from data.capture.vllm_engine import EngineConfig, make_llm
+    from data.capture.vllm_settings import BY_FIELD
 
     with tempfile.TemporaryDirectory(prefix="oilbird-vllm-") as tmp:
-        os.environ[TRACES_ENV], os.environ[LAYER_ENV] = tmp, str(lm.layer)
+        os.environ[TRACES_ENV], os.environ[BY_FIELD["layer"].name] = tmp, str(lm.layer)
         llm = make_llm(EngineConfig(lm.path, dtype=str(lm.dtype).removeprefix("torch."), max_num_seqs=cfg.batch_size,
-                                    prefix_caching=use_prefix),
+                                    prefix_caching=use_prefix, enforce_eager=cfg.vllm_eager),
                        {"method": "custom_class", "model": RECORDER_CLASS, "num_speculative_tokens": 1})
         try:
             yield vllm_generations(llm, prompts, max_new, stop_strings, max(cfg.batch_size, cfg.flush_every),

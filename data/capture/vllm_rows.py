@@ -39,6 +39,7 @@ class RowRequest:
     first: tuple | None = None  # (state, top-8) at the prompt's last token, from the prefill step
     states: list = field(default_factory=list)  # per output token: its state (row i: output[i] as input)
     topk: list = field(default_factory=list)  # per output token: its top-8
+    off_argmax: int = 0  # committed tokens seen that were not the model's top-1 there (a sampled request)
 
     @property
     def output(self) -> np.ndarray:
