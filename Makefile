@@ -185,6 +185,7 @@ bench-scale: $(STAMP)
 # Oilbird inside vLLM beside vLLM's greedy, ngram and suffix (benchmarks/bench_vllm.py; docs/vllm.md).
 # BATCH=1,4,8 on the command line sets its batch sizes; MAX_NEW (<= 256) cuts generation. The store it
 # replays is `make census`'s (captured here when missing: 32 rows, cap 256, the first LIMIT requests).
+# Every arm at vLLM's default compilation; EAGER=1 also runs each eager in the first round.
 VLLM_LIMIT ?= 48
 VLLM_BATCH ?= 1,8
 K          ?= 8
@@ -194,7 +195,7 @@ bench-vllm: $(STAMP)
 		--limit $(or $(LIMIT),$(VLLM_LIMIT))
 	$(PY) benchmarks/bench_vllm.py --bench $(BENCH) --model $(MODEL) --out $(OUT) --limit $(or $(LIMIT),$(VLLM_LIMIT)) \
 		--max-new $(or $(MAX_NEW),256) --batch $(if $(filter command line,$(origin BATCH)),$(BATCH),$(VLLM_BATCH)) --k $(K) \
-		--rounds $(ROUNDS) $(ARGS)
+		--rounds $(ROUNDS) $(if $(EAGER),--eager) $(ARGS)
 	$(PY) -m reports --runs $(OUT)
 
 # tokens per second: the cost-aware trees and chains against ArcticInference and vLLM's suffix on the vLLM profile,

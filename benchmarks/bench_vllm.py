@@ -13,14 +13,17 @@ The Oilbird arms draft the cost-aware chain: up to --oilbird-k tokens (32), cut 
 expected tokens per second stop growing, priced on the vLLM profile (--profile, default `make census`'s
 runs/profiles/<model>-cpu-vllm.json; without one every chain runs to --oilbird-k), at each batch size B the
 profile measured as `<arm>@batch=B` (sized by that batch's step cost).
+Every arm runs at vLLM's default compilation (dynamo + inductor on a CPU; what vLLM serves with); with --eager
+(`make bench-vllm EAGER=1`) each also runs in eager mode (enforce_eager) in the first --eager-rounds rounds (1),
+right after its compiled run; each row names its mode, and its speedups are over vllm-greedy in the same mode.
 Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
 prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
 waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round; rows give the
 median over the rounds and its range (min-max).
 
 Written to runs/<bench>/<model>/vllm/summary.json (atomically, after every arm), per arm and batch size:
-requests, generated_tokens, wall_s, tok_s, speedup_vs_ar (tok/s over vllm-greedy's at the same batch size,
-same round), mean_acceptance_length (vLLM's counters: 1 + accepted / drafts), identical_to_ar (requests whose
+mode, requests, generated_tokens, wall_s, tok_s, speedup_vs_ar (tok/s over vllm-greedy's at the same batch size,
+same round, same mode), vs_suffix (the same over vllm-suffix's), mean_acceptance_length (vLLM's counters: 1 + accepted / drafts), identical_to_ar (requests whose
 tokens equal vllm-greedy's), and for the Oilbird arms replay_mean_acceptance_length: the replay of the same
 chain arm (`<arm>@chain=K`) over the store's first LIMIT requests, pool past, counted as vLLM counts
 (passes that verified no draft left out). `agreement_with_store` says how many of vllm-greedy's outputs equal
@@ -87,15 +90,15 @@ def agreement(outputs: list[list[int]], traces) -> dict:
 
 
 def run_one(model_dir: str, prompts: Path, arm: str, batch: int, k: int, max_new: int, nodes: int,
-            out: Path, profile: str = "") -> dict:
+            out: Path, profile: str = "", mode: str = "compiled") -> dict:
     cmd = [sys.executable, "-m", "decoder", "vllm-run", "--model", model_dir, "--prompts", str(prompts),
            "--arm", arm, "--batch", str(batch), "--k", str(k), "--max-new", str(max_new), "--nodes", str(nodes),
-           "--out", str(out), *(["--profile", profile] if profile else [])]
+           "--out", str(out), *(["--profile", profile] if profile else []), *(["--eager"] if mode == "eager" else [])]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
         tail = [ln for ln in r.stderr.strip().splitlines() if ln.strip()][-1:] or ["(no output)"]
-        raise OilbirdError(f"{arm} at batch {batch} failed: {tail[0]}")
-    return read_json(out, f"vllm-run result of {arm} at batch {batch}")
+        raise OilbirdError(f"{arm} at batch {batch} ({mode}) failed: {tail[0]}")
+    return read_json(out, f"vllm-run result of {arm} at batch {batch} ({mode})")
 
 
 @cli_entry
@@ -115,6 +118,11 @@ def main(argv=None) -> int:
     ap.add_argument("--nodes", type=int, default=60, help="the Oilbird tree's node budget before its best chain")
     ap.add_argument("--arms", default=",".join(ARMS))
     ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--eager", action="store_true",
+                    help="also run every arm in vLLM's eager mode (enforce_eager), in the same rounds (default: "
+                         "vLLM's default compilation only)")
+    ap.add_argument("--eager-rounds", type=int, default=1,
+                    help="with --eager: the eager runs in the first N rounds only (default 1)")
     a = ap.parse_args(argv)
     try:
         batches = [int(b) for b in a.batch.split(",") if b.strip()]
@@ -123,8 +131,9 @@ def main(argv=None) -> int:
     arms = [x for x in a.arms.split(",") if x]
     if "vllm-greedy" not in arms:
         raise OilbirdError("--arms must include vllm-greedy (the reference and the speed baseline)")
-    if min(batches + [a.limit, a.max_new, a.k, a.suffix_k, a.oilbird_k, a.rounds]) < 1:
-        raise OilbirdError("--batch, --limit, --max-new, --k, --suffix-k, --oilbird-k and --rounds must be at least 1")
+    if min(batches + [a.limit, a.max_new, a.k, a.suffix_k, a.oilbird_k, a.rounds, a.eager_rounds]) < 1:
+        raise OilbirdError("--batch, --limit, --max-new, --k, --suffix-k, --oilbird-k, --rounds and --eager-rounds "
+                           "must be at least 1")
     require_vllm()
     slug = model_slug(a.model)
     path = store_dir(a.out, a.bench, slug)
@@ -164,7 +173,8 @@ def main(argv=None) -> int:
                "settings": {"limit": len(traces), "max_new": a.max_new, "batches": batches, "k": a.k,
                             "suffix_k": a.suffix_k, "oilbird_k": a.oilbird_k, "profile": profile or None,
                             "nodes": a.nodes, "arms": arms, "rounds": a.rounds, "dtype": "float32",
-                            "prefix_caching": True},
+                            "prefix_caching": True, "modes": ["compiled", "eager"] if a.eager else ["compiled"],
+                            "eager_rounds": min(a.eager_rounds, a.rounds) if a.eager else 0},
                "started": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
                "complete": False, "rows": [], "replay": {}, "agreement_with_store": None}
     for arm in arms:
@@ -176,23 +186,24 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         prompts = Path(tmp) / "prompts.json"
         prompts.write_text(json.dumps([list(map(int, t.prompt)) for t in traces]))
-        runs: dict[tuple[int, int, str], dict] = {}
+        runs: dict[tuple[int, int, str, str], dict] = {}
         for rnd in range(a.rounds):
+            modes = ["compiled"] + (["eager"] if a.eager and rnd < a.eager_rounds else [])
             for batch in batches:
                 order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
                 for arm in order:
-                    t0 = time.perf_counter()
-                    runs[(rnd, batch, arm)] = run_one(model_dir, prompts, run_name(arm, batch), batch, k_of(arm),
-                                                      a.max_new, a.nodes, Path(tmp) / f"{arm}-{batch}-{rnd}.json",
-                                                      profile)
-                    r = runs[(rnd, batch, arm)]
-                    print(f"round {rnd + 1} batch {batch} {arm}: {r['tok_s']} tok/s, "
-                          f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-                    summary["rows"] = rows_of(runs, summary["replay"], run_name)
-                    ref = runs.get((0, batches[0], "vllm-greedy"))
-                    if ref is not None:
-                        summary["agreement_with_store"] = agreement(ref["outputs"], traces)
-                    atomic_write_json(summary_path, summary)
+                    for mode in modes:
+                        t0 = time.perf_counter()
+                        r = run_one(model_dir, prompts, run_name(arm, batch), batch, k_of(arm), a.max_new, a.nodes,
+                                    Path(tmp) / f"{arm}-{batch}-{rnd}-{mode}.json", profile, mode)
+                        runs[(rnd, batch, arm, mode)] = r
+                        print(f"round {rnd + 1} batch {batch} {arm} ({mode}): {r['tok_s']} tok/s, "
+                              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                        summary["rows"] = rows_of(runs, summary["replay"], run_name)
+                        ref = runs.get((0, batches[0], "vllm-greedy", "compiled"))
+                        if ref is not None:
+                            summary["agreement_with_store"] = agreement(ref["outputs"], traces)
+                        atomic_write_json(summary_path, summary)
     summary["complete"] = True
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     atomic_write_json(summary_path, summary)
@@ -202,39 +213,60 @@ def main(argv=None) -> int:
 
 
 def format_rows(rows: list[dict], rounds: int) -> str:
-    """The table the bench prints: per batch and arm, tok/s and speedup over vllm-greedy, medians over the rounds
-    with their range, the acceptance length and how many requests equal vllm-greedy's."""
-    lines = [f"{'batch':>5} {'arm':<22} {'tok/s median [range]':>26} {'x greedy [range]':>24} {'accept len':>10} "
-             f"{'= greedy':>9}   ({rounds} round(s), arms interleaved)"]
+    """The table the bench prints: per batch, arm and vLLM mode, tok/s, its speedup over vllm-greedy in the same
+    mode and its ratio to vllm-suffix in the same mode, medians over the rounds with their range, the acceptance
+    length and how many requests equal vllm-greedy's (compiled)."""
+    lines = [f"{'batch':>5} {'arm':<28} {'mode':<8} {'rounds':>6} {'tok/s median [range]':>24} "
+             f"{'x greedy [range]':>22} {'x suffix [range]':>22} {'accept len':>10} {'= greedy':>9}"
+             f"   (arms interleaved over {rounds} round(s))"]
+
+    def ratio(v, rng):
+        return f"{v:.3f} [{rng[0]:.3f}-{rng[1]:.3f}]" if v is not None else "n/a"
+
     for r in rows:
         lo, hi = r["tok_s_range"]
-        sp, sr = r.get("speedup_vs_ar"), r.get("speedup_range") or [None, None]
-        speed = f"{sp:.3f} [{sr[0]:.3f}-{sr[1]:.3f}]" if sp is not None else "n/a"
         acc = r.get("mean_acceptance_length")
-        lines.append(f"{r['batch']:>5} {r['ran_as']:<22} {r['tok_s']:>9.1f} [{lo:.1f}-{hi:.1f}]{'':>4} {speed:>24} "
+        lines.append(f"{r['batch']:>5} {r['ran_as']:<28} {r['mode']:<8} {r['rounds']:>6} {r['tok_s']:>9.1f} "
+                     f"[{lo:.1f}-{hi:.1f}]{'':>2} {ratio(r.get('speedup_vs_ar'), r.get('speedup_range')):>22} "
+                     f"{ratio(r.get('vs_suffix'), r.get('vs_suffix_range')):>22} "
                      f"{acc if acc is None else round(acc, 2)!s:>10} {r['identical_to_ar']!s:>4}/{r['requests']}")
     return "\n".join(lines)
 
 
+def _ratios(runs: dict, batch: int, arm: str, mode: str, base: str) -> list[float]:
+    """tok/s of `arm` over `base`'s in the same round, batch size and mode, one per round both ran."""
+    return [v["tok_s"] / runs[(q, b, base, m)]["tok_s"] for (q, b, x, m), v in runs.items()
+            if b == batch and x == arm and m == mode and (q, b, base, m) in runs and runs[(q, b, base, m)]["tok_s"]]
+
+
 def rows_of(runs: dict, replay: dict, run_name=lambda arm, batch: arm) -> list[dict]:
-    """One row per (arm, batch): figures of the first round, speeds as medians over the rounds with their range."""
+    """One row per (arm, batch, mode): figures of its first round, speeds as medians over its rounds with their
+    range; `identical_to_ar` against vllm-greedy's compiled outputs (every mode must equal them)."""
     rows = []
-    for (rnd, batch, arm), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][0])):
-        if rnd != 0:
+    seen = set()
+    for (rnd, batch, arm, mode), r in sorted(runs.items(), key=lambda kv: (kv[0][1], kv[0][2], kv[0][3], kv[0][0])):
+        if (batch, arm, mode) in seen:
             continue
-        rounds = [v for (q, b, x), v in runs.items() if b == batch and x == arm]
-        ratios = [v["tok_s"] / runs[(q, b, "vllm-greedy")]["tok_s"] for (q, b, x), v in runs.items()
-                  if b == batch and x == arm and (q, b, "vllm-greedy") in runs]
-        greedy = runs.get((0, batch, "vllm-greedy"))
+        seen.add((batch, arm, mode))
+        rounds = [v for (q, b, x, m), v in runs.items() if b == batch and x == arm and m == mode]
+        ratios = _ratios(runs, batch, arm, mode, "vllm-greedy")
+        vs_suffix = _ratios(runs, batch, arm, mode, "vllm-suffix") if arm != "vllm-suffix" else []
+        greedy = next((v for (q, b, x, m), v in sorted(runs.items()) if b == batch and x == "vllm-greedy"
+                       and m == "compiled"), None)
         identical = (sum(o == g for o, g in zip(r["outputs"], greedy["outputs"])) if greedy else None)
-        row = {"arm": arm, "batch": batch, "requests": r["requests"], "generated_tokens": r["generated_tokens"],
+        row = {"arm": arm, "batch": batch, "mode": mode, "requests": r["requests"],
+               "generated_tokens": r["generated_tokens"],
                "wall_s": float(np.median([v["wall_s"] for v in rounds])),
                "tok_s": float(np.median([v["tok_s"] for v in rounds])),
                "tok_s_range": [min(v["tok_s"] for v in rounds), max(v["tok_s"] for v in rounds)],
                "speedup_vs_ar": round(float(np.median(ratios)), 4) if ratios else None,
                "speedup_range": [round(min(ratios), 4), round(max(ratios), 4)] if ratios else None,
+               "vs_suffix": round(float(np.median(vs_suffix)), 4) if vs_suffix else None,
+               "vs_suffix_range": [round(min(vs_suffix), 4), round(max(vs_suffix), 4)] if vs_suffix else None,
                "ran_as": run_name(arm, batch), "k": r.get("k"),
                "mean_acceptance_length": r["spec"]["mean_acceptance_length"], "identical_to_ar": identical,
+               "identical_every_round": all(sum(o == g for o, g in zip(v["outputs"], greedy["outputs"]))
+                                            == len(greedy["outputs"]) for v in rounds) if greedy else None,
                "rounds": len(rounds), "load_s": r["load_s"]}
         rp = replay.get(run_name(arm, batch))
         if rp is not None:
@@ -243,8 +275,10 @@ def rows_of(runs: dict, replay: dict, run_name=lambda arm, batch: arm) -> list[d
                 row["acceptance_vs_replay"] = round(row["mean_acceptance_length"] / rp["mean_acceptance_length"], 4)
         if r.get("proposer"):
             p = r["proposer"]
-            row["proposer"] = {key: p.get(key) for key in ("unaligned_steps", "unverified_rows", "draft_s", "steps")}
+            row["proposer"] = {key: p.get(key) for key in ("unaligned_steps", "unverified_rows", "untapped_steps",
+                                                           "draft_s", "steps")}
             row["proposer"]["key_queries"] = (p.get("drafter") or {}).get("key_queries")
+            row["proposer"]["pool_states"] = (p.get("drafter") or {}).get("pool_states")
         rows.append(row)
     return rows
 

@@ -74,6 +74,8 @@ def widen_command(cost, nodes: int | None = None, context: int | None = None, ba
     batches = sorted({*cost.batch_sizes(), *([batch] if batch else [])})
     if engine == "vllm" and len(batches) > 1:
         parts += ["--batch-sizes", ",".join(map(str, batches))]
+    if engine == "vllm" and meta.get("vllm_mode") == "eager":
+        parts += ["--vllm-eager"]  # the mode it was measured in
     if meta.get("path"):
         parts += ["--file", shlex.quote(str(meta["path"]))]
     return " ".join(parts)

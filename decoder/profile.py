@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from data.capture.models import text_config
+from data.capture.vllm_engine import vllm_mode
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
 from decoder.draft import MAX_NODES  # one bound for every CLI's --nodes
@@ -58,6 +59,7 @@ class ProfileConfig:
     engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm/profile.py: a vLLM step)
     #                          | auto (vllm where it can run the model, else harness: `choose_engine`)
     batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
+    vllm_eager: bool = False  # vllm: measure in eager mode; default vLLM's default compilation (what serves)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
 
@@ -417,6 +419,14 @@ def resolve_contexts(cfg: ProfileConfig, slug: str) -> tuple[int, ...]:
     return DEFAULT_CONTEXTS
 
 
+def profile_vllm_mode(meta: dict) -> str | None:
+    """The vLLM mode a vLLM profile was measured in: compiled or eager (a profile written before the mode was
+    recorded was measured eager); None for a harness profile."""
+    if meta.get("engine", "harness") != "vllm":
+        return None
+    return meta.get("vllm_mode") or "eager"
+
+
 def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> Path:
     """runs/profiles/<model>-<device>.json, and <model>-<device>-vllm.json for a profile measured in vLLM."""
     return default_profile_path(out, slug, device_type if engine == "harness" else f"{device_type}-{engine}")
@@ -459,7 +469,10 @@ def profile_falls_short(path: Path, cfg: ProfileConfig) -> str | None:
         return None
     if max(cfg.nodes) > cost.nodes_range()[1]:
         return f"measured up to {cost.nodes_range()[1]} draft nodes, not {max(cfg.nodes)}"
-    missing = sorted(set(resolve_engine(cfg, False).batch_sizes) - set(cost.batch_sizes()))
+    engine = resolve_engine(cfg, False)
+    if engine.engine == "vllm" and profile_vllm_mode(cost.meta) != vllm_mode(cfg.vllm_eager):
+        return f"was measured in vLLM's {profile_vllm_mode(cost.meta)} mode, not {vllm_mode(cfg.vllm_eager)}"
+    missing = sorted(set(engine.batch_sizes) - set(cost.batch_sizes()))
     if missing:
         return f"measured batch sizes {','.join(map(str, cost.batch_sizes()))}, not {','.join(map(str, missing))}"
     if cfg.bench is not None and cfg.contexts is None:
@@ -486,6 +499,8 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     cfg = resolve_engine(cfg)
     if max(cfg.batch_sizes) > 1 and cfg.engine != "vllm":
         raise OilbirdError("--batch-sizes above 1 needs --engine vllm (the harness verifies one request a pass)")
+    if cfg.vllm_eager and cfg.engine != "vllm":
+        raise OilbirdError("--vllm-eager sets vLLM's mode: it needs --engine vllm (or auto choosing vLLM)")
     if cfg.engine == "vllm":
         from data.capture.vllm_engine import require_vllm
 
@@ -503,7 +518,7 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         dtype = str(lm.dtype).removeprefix("torch.")
         model_dir, lm.model = lm.path, None  # vLLM loads its own copy; this one is not needed any more
         d = measure_vllm_profile(model_dir, lm.name, lm.fingerprint, clipped, cfg.nodes, cfg.reps, dtype, cfg.seed,
-                                 batch_sizes=cfg.batch_sizes)
+                                 batch_sizes=cfg.batch_sizes, eager=cfg.vllm_eager)
     else:
         d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
     path = Path(cfg.file) if cfg.file else profile_path(cfg.out, lm.slug, lm.device.type, cfg.engine)
@@ -542,13 +557,15 @@ def profile_main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch-sizes", default="1", metavar="B,B",
                    help="--engine vllm: also time steps of B requests together (verify_s_by_batch; replay prices "
                         "batch 1, one stream; default 1)")
+    p.add_argument("--vllm-eager", action="store_true",
+                   help="--engine vllm: measure vLLM in eager mode (default: vLLM's default compilation, what serves)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
                         contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
                         nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
                         progress=not args.quiet, engine=args.engine,
-                        batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")))
+                        batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")), vllm_eager=args.vllm_eager)
     if args.print_path:
         print(output_path(cfg))
         return 0

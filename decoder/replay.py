@@ -149,6 +149,8 @@ def resolve_arms(arms: Sequence[str]) -> list[str]:
 
 def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap | None) -> tuple[dict, np.ndarray, np.ndarray]:
     """Estimated seconds per request for plain greedy and for this arm, and the summary block."""
+    from decoder.profile import profile_vllm_mode
+
     R = len(traces)
     ar_r, arm_r = np.zeros(R), np.zeros(R)
     verify_total = draft_total = update_total = 0.0
@@ -168,6 +170,7 @@ def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap |
     speedup, interval = paired_ratio(ar_r, arm_r, boot)
     block = {
         "profile": cost.meta.get("path"), "engine": cost.meta.get("engine", "harness"),
+        "vllm_mode": profile_vllm_mode(cost.meta),
         "device": cost.meta.get("device"), "device_name": cost.meta.get("device_name"),
         "profile_threads": cost.meta.get("threads"),
         "speedup": speedup, "speedup_interval": interval,

@@ -204,7 +204,10 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
         speeds = (f" {on_name} {with_iv(est.get('speedup'), est.get('speedup_interval'), 'ratio')}"
                   + (f", {off_name} {with_iv(off_est.get('speedup'), off_est.get('speedup_interval'), 'ratio')}"
                      if off_est else "") + " over plain greedy.")
-        parts.append(f"<p>Estimated speedups (not measured), priced on {engine}: verification cost from the profile "
+        mode = est.get("vllm_mode")
+        mode = f" ({esc(mode)} mode, {'the mode that serves' if mode == 'compiled' else 'not the mode vLLM serves in by default'})" \
+            if isinstance(mode, str) and d.engine == "vllm" else ""
+        parts.append(f"<p>Estimated speedups (not measured), priced on {engine}{mode}: verification cost from the profile "
                      f"<code>{esc(est.get('profile', 'n/a'))}</code>" + (f" ({device})" if device else "")
                      + f", plus the drafting and update time measured in the replay:{speeds}</p>")
     else:

@@ -15,6 +15,7 @@ from reports.htmlkit import esc, finite, not_available, number, section, table
 from reports.results import VLLM_FILE, Result
 
 GREEDY = "vllm-greedy"  # the reference every arm must equal, and the speed baseline
+SUFFIX = "vllm-suffix"  # the strongest training-free peer: Oilbird's ratio to it is the bench's target
 COMMAND = "make bench-vllm"
 DASH = "—"
 
@@ -47,14 +48,20 @@ def _device(device) -> str:
     return esc(", ".join(bits)) if bits else "an unrecorded device"
 
 
-def _ordered(summary: dict, settings: dict) -> tuple[list[int], list[str], dict[tuple[int, str], dict], int]:
-    """(batch sizes, arms, {(batch, arm): row}, rows dropped): the settings' order, then anything else the rows
-    hold; a row that is not an object or lacks its arm or batch size is dropped."""
+def _mode(r: dict) -> str:
+    """A row's vLLM mode: compiled (vLLM's default compilation) or eager; a row written before the bench recorded
+    it was run eager."""
+    return r.get("mode") if r.get("mode") in ("compiled", "eager") else "eager"
+
+
+def _ordered(summary: dict, settings: dict) -> tuple[list[int], list[str], dict[tuple[int, str, str], dict], int]:
+    """(batch sizes, arms, {(batch, arm, mode): row}, rows dropped): the settings' order, then anything else the
+    rows hold; a row that is not an object or lacks its arm or batch size is dropped."""
     batches = [b for b in settings.get("batches") or [] if _count(b)] if isinstance(settings.get("batches"),
                                                                                      list) else []
     arms = [str(a) for a in settings.get("arms") or [] if isinstance(a, str) and a] if isinstance(
         settings.get("arms"), list) else []
-    rows: dict[tuple[int, str], dict] = {}
+    rows: dict[tuple[int, str, str], dict] = {}
     dropped = 0
     for r in summary.get("rows") or []:
         arm = r.get("arm") if isinstance(r, dict) else None
@@ -62,7 +69,7 @@ def _ordered(summary: dict, settings: dict) -> tuple[list[int], list[str], dict[
         if not (isinstance(arm, str) and arm and batch):
             dropped += 1
             continue
-        rows.setdefault((batch, arm), r)
+        rows.setdefault((batch, arm, _mode(r)), r)
         if arm not in arms:
             arms.append(arm)
         if batch not in batches:
@@ -116,12 +123,14 @@ def vllm_section(result: Result) -> str:
     settings = s.get("settings") if isinstance(s.get("settings"), dict) else {}
     batches, arms, rows, dropped = _ordered(s, settings)
     replayed = s.get("replay") if isinstance(s.get("replay"), dict) else {}
-    expected = len(batches) * len(arms)
+    modes = [m for m in ("compiled", "eager") if any(key[2] == m for key in rows)]
+    declared = settings.get("modes") if isinstance(settings.get("modes"), list) else None  # older benches: one mode
+    expected = len(batches) * len(arms) * max(1, len(declared or [None]))
     if s.get("complete") is True:
         state = "complete"
     else:
         state = (f"incomplete: the bench was still running or was stopped ({len(rows)} of {expected} "
-                 "(batch, arm) runs written)")
+                 "(batch, arm, mode) runs written)")
     batch_text = ", ".join(str(b) for b in batches) or "n/a"
     intro = (f"<p>vLLM decoded the store's first {_num(settings.get('limit'))} requests, at most "
              f"{_num(settings.get('max_new'))} new tokens each, greedy, every speculative arm drafting "
@@ -132,21 +141,26 @@ def vllm_section(result: Result) -> str:
     table_rows, failures = [], []
     for batch in batches:
         for arm in arms:
-            r = rows.get((batch, arm))
-            if r is None:
-                continue
-            ident, bad = _identical(r)
-            if bad:
-                failures.append(f"{arm} at batch {batch}")
-            oilbird = arm in replayed or "replay_mean_acceptance_length" in r
-            acc = r.get("mean_acceptance_length")
-            table_rows.append([f"<code>{esc(arm)}</code>", _num(batch), _rate(r.get("tok_s")),
-                               _num(r.get("speedup_vs_ar"), "ratio"),
-                               DASH if arm == GREEDY and not finite(acc) else _num(acc, "2f"),
-                               *_replay_cells(r, oilbird), ident])
-    tbl = table(["arm", "batch", "tok/s", "speedup over greedy", "mean acceptance length", "replay predicts",
-                 "vLLM / replay", "identical to greedy"], table_rows, {1, 2, 3, 4, 5, 6, 7},
-                caption="speedup: tok/s over vLLM greedy's at the same batch size (median over the rounds); mean "
+            for mode in modes:
+                r = rows.get((batch, arm, mode))
+                if r is None:
+                    continue
+                ident, bad = _identical(r)
+                if bad:
+                    failures.append(f"{arm} at batch {batch} ({mode})")
+                oilbird = arm in replayed or "replay_mean_acceptance_length" in r
+                acc = r.get("mean_acceptance_length")
+                table_rows.append([f"<code>{esc(arm)}</code>", _num(batch), esc(mode), _rate(r.get("tok_s")),
+                                   _num(r.get("speedup_vs_ar"), "ratio"),
+                                   DASH if arm in (GREEDY, SUFFIX) else _num(r.get("vs_suffix"), "ratio"),
+                                   DASH if arm == GREEDY and not finite(acc) else _num(acc, "2f"),
+                                   *_replay_cells(r, oilbird), ident])
+    tbl = table(["arm", "batch", "vLLM mode", "tok/s", "speedup over greedy", "over vLLM suffix",
+                 "mean acceptance length", "replay predicts", "vLLM / replay", "identical to greedy"], table_rows,
+                {1, 3, 4, 5, 6, 7, 8, 9},
+                caption="vLLM mode: compiled (vLLM's default compilation, what it serves with) or eager "
+                        "(enforce_eager); speedup: tok/s over vLLM greedy's at the same batch size in the same mode "
+                        "(median over the rounds); over vLLM suffix: the same against vLLM's suffix method; mean "
                         "acceptance length: vLLM's counters, 1 + accepted / drafts; replay predicts: Oilbird's "
                         "replay of the same chain arm over the same requests, counted as vLLM counts (Oilbird arms "
                         f"only, {DASH} otherwise); identical to greedy: requests whose tokens equal vLLM greedy's.")
@@ -158,10 +172,11 @@ def vllm_section(result: Result) -> str:
     if dropped:
         parts.append(f'<p class="note">{dropped} row(s) without an arm or a batch size were left out.</p>')
     parts.append(_agreement(s.get("agreement_with_store")))
-    ran = sorted({b for b, _ in rows})  # batch sizes with at least one finished run
+    ran = sorted({b for b, _, _ in rows})  # batch sizes with at least one finished run
+    main_mode = modes[0] if modes else "compiled"  # the chart: the first mode (compiled when it ran)
     if len(ran) >= 2:
-        series = {arm: [rows[(b, arm)].get("speedup_vs_ar") if (b, arm) in rows
-                        and finite(rows[(b, arm)].get("speedup_vs_ar")) else None for b in ran]
+        series = {arm: [rows[(b, arm, main_mode)].get("speedup_vs_ar") if (b, arm, main_mode) in rows
+                        and finite(rows[(b, arm, main_mode)].get("speedup_vs_ar")) else None for b in ran]
                   for arm in arms if arm != GREEDY}
         series = {arm: v for arm, v in series.items() if any(x is not None for x in v)}
         if series:

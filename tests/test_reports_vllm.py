@@ -17,9 +17,9 @@ EVIL = "<b>x"  # an arm name that must never reach the page as markup
 
 def row(arm: str, batch: int, tok_s: float, speedup: float | None, acc: float | None, identical: int = 4,
         **extra) -> dict:
-    return {"arm": arm, "batch": batch, "requests": 4, "generated_tokens": 512, "wall_s": 512 / tok_s,
-            "tok_s": tok_s, "speedup_vs_ar": speedup, "mean_acceptance_length": acc, "identical_to_ar": identical,
-            "rounds": 1, "load_s": 3.0, **extra}
+    return {"arm": arm, "batch": batch, "mode": "compiled", "requests": 4, "generated_tokens": 512,
+            "wall_s": 512 / tok_s, "tok_s": tok_s, "speedup_vs_ar": speedup, "mean_acceptance_length": acc,
+            "identical_to_ar": identical, "rounds": 1, "load_s": 3.0, **extra}
 
 
 def summary(complete: bool = True) -> dict:
@@ -29,7 +29,9 @@ def summary(complete: bool = True) -> dict:
         rows.append(row(EVIL, batch, base * 1.1, 1.1, 1.5))
         rows.append(row("oilbird", batch, base * (1.8 if batch == 1 else 1.25), 1.8 if batch == 1 else 1.25, 2.4,
                         identical=3 if batch == 8 else 4, replay_mean_acceptance_length=3.0,
-                        acceptance_vs_replay=0.8, proposer={"steps": 10}))
+                        acceptance_vs_replay=0.8, proposer={"steps": 10}, vs_suffix=1.12))
+    # the same arm eager, one round (make bench-vllm EAGER=1)
+    rows.append(row("oilbird", 1, 150.0, 1.6, 2.4, mode="eager", vs_suffix=1.05))
     return {"kind": "bench-vllm", "bench": "apibank", "model": "smollm2-135m", "store": "runs/x/traces",
             "store_fingerprint": "abc", "device": {"type": "cpu", "cores": 2, "machine": "x86_64"},
             "settings": {"limit": 4, "max_new": 128, "batches": [1, 8], "k": 8, "nodes": 60,
@@ -68,16 +70,19 @@ def test_vllm_section_table_chart_and_escaping(tmp_path):
     assert "In vLLM" in sec and "complete" in sec and "incomplete" not in sec
     assert "2 cores" in sec and "batch size(s) 1, 8" in sec
     rows = table_rows(sec)
-    assert [r[0] for r in rows] == ["<code>vllm-greedy</code>", "<code>&lt;b&gt;x</code>", "<code>oilbird</code>"] * 2
-    assert [r[1] for r in rows] == ["1"] * 3 + ["8"] * 3
-    greedy, evil, oil1 = rows[:3]
-    assert greedy[2:8] == ["100.0", "1.00×", "—", "—", "—", "4/4"]
-    assert evil[2:8] == ["110.0", "1.10×", "1.50", "—", "—", "4/4"]
-    assert oil1[2:8] == ["180.0", "1.80×", "2.40", "3.00", "0.80×", "4/4"]
-    oil8 = rows[5]
-    assert oil8[2] == "500.0" and oil8[3] == "1.25×"
-    assert "3/4 — NOT lossless" in oil8[7] and sec.count("NOT lossless") == 1
-    assert "oilbird at batch 8" in sec  # the callout names the failing run
+    names = ["<code>vllm-greedy</code>", "<code>&lt;b&gt;x</code>", "<code>oilbird</code>"]
+    assert [r[0] for r in rows] == names + ["<code>oilbird</code>"] + names
+    assert [r[1] for r in rows] == ["1"] * 4 + ["8"] * 3
+    assert [r[2] for r in rows] == ["compiled"] * 3 + ["eager"] + ["compiled"] * 3  # each arm in both modes
+    greedy, evil, oil1, oil1_eager = rows[:4]
+    assert greedy[3:10] == ["100.0", "1.00×", "—", "—", "—", "—", "4/4"]
+    assert evil[3:10] == ["110.0", "1.10×", "n/a", "1.50", "—", "—", "4/4"]
+    assert oil1[3:10] == ["180.0", "1.80×", "1.12×", "2.40", "3.00", "0.80×", "4/4"]
+    assert oil1_eager[3:6] == ["150.0", "1.60×", "1.05×"]
+    oil8 = rows[6]
+    assert oil8[3] == "500.0" and oil8[4] == "1.25×"
+    assert "3/4 — NOT lossless" in oil8[9] and sec.count("NOT lossless") == 1
+    assert "oilbird at batch 8 (compiled)" in sec  # the callout names the failing run
     assert "3 of 4</strong> requests" in sec and "position 17 (median)" in sec
     assert '<svg class="chart"' in sec and "vllm-batch" in sec
     assert "tok/s over vLLM greedy at the same batch" in sec
@@ -93,9 +98,9 @@ def test_vllm_section_incomplete_and_missing_values(tmp_path):
     result = load_result(write(tmp_path, s))
     sec = vllm_section(result)
     assert "incomplete: the bench was still running or was stopped" in sec
-    assert "3 of 6 (batch, arm) runs written" in sec
-    oil = table_rows(sec)[2]
-    assert oil[2] == "n/a" and oil[3] == "n/a" and oil[7] == "n/a" and "fast" not in sec
+    assert "3 of 6 (batch, arm, mode) runs written" in sec
+    oil = table_rows(sec)[2]  # a row that says no mode: written before the bench recorded it, so eager
+    assert oil[2] == "eager" and oil[3] == "n/a" and oil[4] == "n/a" and oil[9] == "n/a" and "fast" not in sec
     assert "1 row(s) without an arm" in sec and "not known yet" in sec
     assert "<svg" not in sec  # one batch size: no chart
 

@@ -20,7 +20,6 @@ from data.errors import OilbirdError
 from decoder.draft import Draft, best_chain, subtree
 
 ROOT = Path(__file__).resolve().parents[1]
-ARMS = ["vllm-greedy", "oilbird", "oilbird-no-semantic", "vllm-ngram", "vllm-suffix"]
 
 
 def _prompts() -> list[list[int]]:
@@ -35,36 +34,56 @@ def _prompts() -> list[list[int]]:
     return prompts
 
 
-def _run(model: str, arm: str, tmp: Path, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+def _run(model: str, arm: str, tmp: Path, env: dict | None = None, name: str | None = None, *flags: str,
+         **kw) -> subprocess.CompletedProcess:
+    """`vllm-run` of one arm in its own process (one engine), its result at tmp/<name or arm>.json."""
     prompts = tmp / "prompts.json"
     if not prompts.exists():
         prompts.write_text(json.dumps(_prompts()))
     args = [sys.executable, "-m", "decoder", "vllm-run", "--model", model, "--prompts", str(prompts), "--arm", arm,
-            "--out", str(tmp / f"{arm}.json"), "--k", "4", "--batch", str(kw.pop("batch", 4)),
-            "--max-new", str(kw.pop("max_new", 40))]
+            "--out", str(tmp / f"{name or arm}.json"), "--k", "4", "--batch", str(kw.pop("batch", 4)),
+            "--max-new", str(kw.pop("max_new", 40)), *flags]
     for key, v in kw.items():
         args += [f"--{key.replace('_', '-')}", str(v)]
-    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=600,
+    return subprocess.run(args, cwd=ROOT, capture_output=True, text=True, timeout=900,
                           env=None if env is None else {**os.environ, **env})
 
 
-STORE_ARMS = ("oilbird", "oilbird-no-semantic")  # served with OILBIRD_VLLM_STORE: the first writes, the second warms
+# Sampled requests (the chi-square test): N requests of the first prompt at temperature 0.1 (the tiny model's
+# logits are flat; at 0.1 its first positions have a few likely tokens, so drafts are accepted and rejected)
+SAMPLED = ("--sample", "800", "--temperature", "0.1", "--top-p", "0.95", "--sample-max-new", "4")
+# Every arm at vLLM's default compilation, batch 4 then batch 1 in one engine; `oilbird-eager` is the same
+# proposer in eager mode, writing a store of its own (compiled states against eager ones)
+RUNS = {  # name: (arm, extra flags, batch)
+    "vllm-greedy": ("vllm-greedy", SAMPLED + ("--seed", "0"), "4,1"),
+    "oilbird-no-semantic": ("oilbird-no-semantic", (), "4,1"),
+    "oilbird": ("oilbird", SAMPLED + ("--seed", "1000000"), "4,1"),
+    "oilbird-eager": ("oilbird", ("--eager",), "4"),
+    "vllm-ngram": ("vllm-ngram", (), "4"),
+    "vllm-suffix": ("vllm-suffix", (), "4"),
+}
+# served with OILBIRD_VLLM_STORE: the first writes (a commit every 2 requests), the second pools the first's
+# traces and appends its own (its 800 sampled requests too, 50 a commit)
+STORE_ARMS = {"oilbird-no-semantic": "2", "oilbird": "50"}
+ARMS = list(RUNS)
 
 
 @pytest.fixture(scope="module")
 def served(tiny_llama64, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("vllm")
     out = {"_tmp": tmp}
-    for arm in ARMS:
+    for name, (arm, flags, batch) in RUNS.items():
         env = None
-        if arm in STORE_ARMS:
-            env = {"OILBIRD_VLLM_STORE": str(tmp / "store"), "OILBIRD_VLLM_STORE_FLUSH": "2",
-                   "OILBIRD_VLLM_LOG": str(tmp / f"{arm}.log")}
-        r = _run(tiny_llama64, arm, tmp, env)
-        assert r.returncode == 0, f"{arm}: {r.stderr[-3000:]}"
-        out[arm] = json.loads((tmp / f"{arm}.json").read_text())
-        if arm in STORE_ARMS:
-            out[arm]["_store_meta"] = json.loads((tmp / "store" / "meta.json").read_text())
+        if name in STORE_ARMS:
+            env = {"OILBIRD_VLLM_STORE": str(tmp / "store"), "OILBIRD_VLLM_STORE_FLUSH": STORE_ARMS[name],
+                   "OILBIRD_VLLM_LOG": str(tmp / f"{name}.log")}
+        elif name == "oilbird-eager":
+            env = {"OILBIRD_VLLM_STORE": str(tmp / "store-eager"), "OILBIRD_VLLM_STORE_FLUSH": "4"}
+        r = _run(tiny_llama64, arm, tmp, env, name, *flags, batch=batch)
+        assert r.returncode == 0, f"{name}: {r.stderr[-3000:]}"
+        out[name] = json.loads((tmp / f"{name}.json").read_text())
+        if name in STORE_ARMS:
+            out[name]["_store_meta"] = json.loads((tmp / "store" / "meta.json").read_text())
     return out
 
 
@@ -88,7 +107,7 @@ def test_serving_writes_the_store(served):
     outputs = served["oilbird"]["outputs"]
     matched = 0
     for r, t in enumerate(traces):
-        if t.prompt in prompts:  # (the warm-up request is served and stored too)
+        if t.prompt in prompts and len(t.tokens) > 8:  # (not the warm-up, nor a sampled request: 4 tokens)
             out = outputs[prompts.index(t.prompt)]
             # the tokens the engine generated: what vLLM returned, and at most the last step's accepted drafts
             # past max_tokens (the front end cuts them; they are greedy tokens all the same)
@@ -96,35 +115,120 @@ def test_serving_writes_the_store(served):
             matched += 1
             valid = store.hidden_valid[store.offsets[r]:store.offsets[r + 1]]
             assert valid[:-1].all() and not valid[-1]  # every fed token has its state; the last is never fed
-    assert matched >= 4
+    assert matched >= 16  # batch 4 and batch 1, two arms (a request enters the store at the next step)
     ids = store.requests["id"].to_list()
     assert len(set(ids)) == len(ids)
-    log = (tmp / "oilbird-no-semantic.log").read_text()
+    log = (tmp / "oilbird.log").read_text()
     assert f"{first['n_requests']} traces of the served store" in log
 
 
 @pytest.mark.parametrize("arm", ARMS[1:])
 def test_every_arm_is_vllm_greedy_token_for_token(served, arm):
+    """At vLLM's default compilation (and `oilbird-eager` eager), every arm's tokens equal vLLM greedy's, at
+    batch 4 and, where it ran, at batch 1 in the same engine."""
     greedy, got = served["vllm-greedy"], served[arm]
+    assert got["vllm_mode"] == ("eager" if arm == "oilbird-eager" else "compiled") and greedy["vllm_mode"] == "compiled"
     assert got["requests"] == greedy["requests"] == 8 and got["generated_tokens"] > 8 * 10
-    assert got["outputs"] == greedy["outputs"]
-    assert got["spec"]["num_drafts"] > 0 and got["spec"]["num_accepted_tokens"] > 0  # it did speculate
+    for b, run in got["by_batch"].items():
+        assert run["outputs"] == greedy["by_batch"]["4"]["outputs"] == greedy["by_batch"]["1"]["outputs"], b
+        assert run["spec"]["num_drafts"] > 0 and run["spec"]["num_accepted_tokens"] > 0  # it did speculate
 
 
-@pytest.mark.parametrize("arm", ["oilbird", "oilbird-no-semantic"])
+@pytest.mark.parametrize("arm", ["oilbird", "oilbird-no-semantic", "oilbird-eager"])
 def test_the_proposer_follows_every_row(served, arm):
-    """Every row's verification lined up with the taps; every finished request entered the pool."""
+    """Every row's verification lined up with the taps, compiled or eager (no untapped step); every finished
+    request entered the pool; the semantic key was fed states."""
     p = served[arm]["proposer"]
-    assert p["arm"] == arm and p["k"] == 4
-    assert p["unaligned_steps"] == 0 and p["unverified_rows"] == 0
-    assert p["requests"] == 9  # the warm-up request and the 8 served (rows reused: 4 rows)
-    assert p["finished"] >= 5  # warm-up and the first wave; a request enters the pool at the next step
+    assert p["arm"] == arm.removesuffix("-eager") and p["k"] == 4
+    assert p["unaligned_steps"] == 0 and p["unverified_rows"] == 0 and p["untapped_steps"] == 0
+    requests = 1 + 8 * len(served[arm]["batches"]) + (800 if served[arm]["sampled"] else 0)  # the warm-up too
+    assert p["requests"] == requests
+    assert p["finished"] >= requests - 16  # a request enters the pool at the next step
     pool = p["drafter"]
     assert pool["pool_tokens"] == p["pooled_tokens"] > 0
-    if arm == "oilbird":  # the semantic source is on: states reached the pool and the key was asked
+    if arm != "oilbird-no-semantic":  # the semantic source is on: states reached the pool and the key was asked
         assert pool["semantic_key"] and pool["pool_states"] > 0 and pool["key_queries"] > 0
     else:
         assert pool["key_queries"] == 0
+
+
+def test_compiled_states_equal_eager_states(served):
+    """The states and top-8 a compiled server writes into its store equal an eager server's for the same
+    requests: cosine >= 0.9999 at every position with a state, the top-8 identical (issue 43)."""
+    from data.store.reader import open_store
+    from decoder.traces import load_traces
+
+    tmp = served["_tmp"]
+    compiled = load_traces(open_store(tmp / "store"), None, None)
+    eager = load_traces(open_store(tmp / "store-eager"), None, None)
+    by_text = {}
+    for t in compiled:
+        by_text.setdefault((tuple(t.prompt), tuple(t.tokens)), t)
+    compared = positions = 0
+    for e in eager:
+        c = by_text.get((tuple(e.prompt), tuple(e.tokens)))
+        if c is None:
+            continue
+        n = len(e.tokens) - 1  # the last token's row is never computed
+        a, b = c.hidden[:n].astype(np.float64), e.hidden[:n].astype(np.float64)
+        cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
+        assert cos.min() >= 0.9999, (e.prompt[:4], float(cos.min()))
+        assert (c.topk[:n] == e.topk[:n]).all()
+        fa, fb = c.first_hidden.astype(np.float64), e.first_hidden.astype(np.float64)
+        assert fa @ fb / np.linalg.norm(fa) / np.linalg.norm(fb) >= 0.9999 and (c.first_topk == e.first_topk).all()
+        compared += 1
+        positions += n
+    assert compared >= 8 and positions > 8 * 30
+
+
+def _chi2_homogeneity(a: list[int], b: list[int], min_expected: float = 5.0) -> tuple[float, int, float]:
+    """Pearson's chi-square test that two samples of tokens come from one distribution: tokens whose pooled
+    expected count is under `min_expected` in either sample are lumped into one category. (stat, dof, p)."""
+    import torch
+
+    cats = sorted(set(a) | set(b))
+    ca, cb = np.array([a.count(c) for c in cats], float), np.array([b.count(c) for c in cats], float)
+    share = len(a) / (len(a) + len(b))
+    small = (ca + cb) * min(share, 1 - share) < min_expected
+    if small.any():
+        ca, cb = np.append(ca[~small], ca[small].sum()), np.append(cb[~small], cb[small].sum())
+        keep = (ca + cb) > 0
+        ca, cb = ca[keep], cb[keep]
+    table = np.stack([ca, cb])
+    expected = table.sum(1, keepdims=True) * table.sum(0, keepdims=True) / table.sum()
+    stat = float(((table - expected) ** 2 / expected).sum())
+    dof = table.shape[1] - 1
+    p = float(torch.special.gammaincc(torch.tensor(dof / 2, dtype=torch.float64),
+                                      torch.tensor(stat / 2, dtype=torch.float64))) if dof else 1.0
+    return stat, dof, p
+
+
+def test_sampled_requests_through_oilbird_have_vllm_s_distribution(served):
+    """Sampled requests (temperature 0.1, top_p 0.95, each seeded) served through Oilbird draw their tokens from
+    the distribution vLLM draws from without speculation: 800 requests of one prompt with each arm, 4 tokens each;
+    at positions 1, 2 and 3 (position 0 is sampled at the prefill, before any draft) Pearson's chi-square test of
+    homogeneity between the two samples (categories under 5 expected lumped), failing when a p-value is under
+    0.001 / 3 (Bonferroni over the positions: a correct proposer fails this test with probability about 0.1%).
+    Oilbird's drafts were verified on these requests, some accepted and some rejected (vLLM's rejection sampler
+    treats a draft without probabilities as one-hot). The same statistic rejects a sample biased toward the
+    greedy token (each token replaced by that position's most frequent one with probability 0.25), so it has
+    the power to see a proposer whose drafts skewed the tokens."""
+    base, ours = served["vllm-greedy"]["sampled"], served["oilbird"]["sampled"]
+    assert base["requests"] == ours["requests"] == 800 and base["temperature"] == ours["temperature"] == 0.1
+    assert ours["spec"]["num_draft_tokens"] > 800 and 0 < ours["spec"]["num_accepted_tokens"] < ours["spec"][
+        "num_draft_tokens"]
+    assert base["spec"]["num_drafts"] == 0
+    rng = np.random.default_rng(0)
+    for pos in (1, 2, 3):
+        a = [o[pos] for o in base["outputs"] if len(o) > pos]
+        b = [o[pos] for o in ours["outputs"] if len(o) > pos]
+        assert len(a) > 700 and len(b) > 700
+        stat, dof, p = _chi2_homogeneity(a, b)
+        assert dof >= 2 and p > 0.001 / 3, (pos, stat, dof, p)
+        mode = max(set(a), key=a.count)
+        biased = [mode if rng.random() < 0.25 else t for t in a]
+        assert _chi2_homogeneity(biased, b)[2] < 0.001 / 3, pos
+    assert len(set(o[1] for o in ours["outputs"])) >= 3  # a spread sample, not one token
 
 
 def test_the_cost_aware_chain_in_vllm_is_greedy_token_for_token(served, tiny_llama64):
@@ -140,6 +244,7 @@ def test_the_cost_aware_chain_in_vllm_is_greedy_token_for_token(served, tiny_lla
                                    "prefill_lengths": [1, 4096], "prefill_s": [0.01, 0.01],
                                    "verify_s_by_batch": {"4": grid}}))
     r = _run(tiny_llama64, "oilbird@batch=4", tmp, profile=str(profile))
+    # (compiled, batch 4: the greedy reference's batch-4 outputs)
     assert r.returncode == 0, r.stderr[-3000:]
     got = json.loads((tmp / "oilbird@batch=4.json").read_text())
     assert got["outputs"] == served["vllm-greedy"]["outputs"]
@@ -303,8 +408,9 @@ def _capture(model: str, bench: str, out: Path, engine: str, *extra: str) -> sub
 
 
 def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64, tmp_path):
-    """--engine vllm writes the store format (verified, censused, replayed); its tokens equal the harness's
-    capture of the same requests and its states agree to float32 rounding; the engines do not mix."""
+    """--engine vllm (vLLM's default compilation) writes the store format (verified, censused, replayed), equal to
+    the same capture in eager mode; its tokens equal the harness's capture of the same requests and its states
+    agree to float32 rounding; the engines do not mix."""
     from data.store.reader import open_store
     from decoder.traces import load_traces
     from tests.conftest import STORY_PROMPTS, write_jsonl
@@ -318,6 +424,18 @@ def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64
     assert meta["engine"] == "vllm" and meta["complete"] and meta["n_requests"] == 12
     v = subprocess.run([sys.executable, "-m", "data", "verify", str(path)], cwd=ROOT, capture_output=True, text=True)
     assert v.returncode == 0 and "OK" in v.stdout + v.stderr, v.stderr
+    assert [run["vllm_mode"] for run in meta["runs"]] == ["compiled"]
+    # the same capture in vLLM's eager mode: the same tokens, states at cosine >= 0.9999, the top-8 identical
+    r1 = _capture(tiny_llama64, bench, tmp_path / "eager", "vllm", "--vllm-eager")
+    assert r1.returncode == 0, r1.stderr[-3000:]
+    eager_path = Path(r1.stdout.strip().splitlines()[-1])
+    assert [run["vllm_mode"] for run in json.loads((eager_path / "meta.json").read_text())["runs"]] == ["eager"]
+    for tc, te in zip(load_traces(open_store(path), None, None), load_traces(open_store(eager_path), None, None)):
+        assert tc.tokens == te.tokens
+        n = len(tc.tokens) - 1
+        x, y = tc.hidden[:n].astype(np.float64), te.hidden[:n].astype(np.float64)
+        assert ((x * y).sum(1) / np.linalg.norm(x, axis=1) / np.linalg.norm(y, axis=1)).min() >= 0.9999
+        assert (tc.topk[:n] == te.topk[:n]).all() and (tc.first_topk == te.first_topk).all()
     r2 = _capture(tiny_llama64, bench, harness, "harness", "--agree-with", str(path))
     assert r2.returncode == 0, r2.stderr[-3000:]
     agree = json.loads((Path(r2.stdout.strip().splitlines()[-1]) / "meta.json").read_text())["agreement"]

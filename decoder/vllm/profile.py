@@ -14,7 +14,9 @@ tokens each); `verify_s` stays batch 1, what replay prices (one stream). How:
     walk together, in lockstep (every row proposes N and commits one token a step; their contexts grow by
     one token a step, about 3 x 10 steps past L); the median over the reps is kept;
   - prefill_s(L): one request of a fresh random prompt of L tokens and one new token, timed whole.
-The file says `"engine": "vllm"`; replay prices arms with it like the harness's and names the engine.
+The file says `"engine": "vllm"` and `"vllm_mode"`: `compiled` (vLLM's default compilation, the mode that
+serves, and the default here) or `eager` (`--vllm-eager`); a profile written before the mode was recorded was
+measured eager. Replay prices arms with it like the harness's and names the engine and the mode.
 """
 
 from __future__ import annotations
@@ -85,9 +87,9 @@ def _walk_rows(out: str) -> int:
 
 def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: Sequence[int],
                          nodes: Sequence[int], reps: int, dtype: str = "float32", seed: int = 0,
-                         progress=None, batch_sizes: Sequence[int] = (1,)) -> dict:
-    """The profile dict (decoder/profile.py's format, with "engine": "vllm"; `verify_s_by_batch` when a batch
-    size above 1 is asked for)."""
+                         progress=None, batch_sizes: Sequence[int] = (1,), eager: bool = False) -> dict:
+    """The profile dict (decoder/profile.py's format, with "engine": "vllm" and "vllm_mode": compiled (vLLM's
+    default compilation, what serves) or eager; `verify_s_by_batch` when a batch size above 1 is asked for)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -96,6 +98,7 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
         EngineConfig,
         make_llm,
         model_max_len,
+        vllm_mode,
     )
 
     nodes = sorted({int(n) for n in nodes})
@@ -109,7 +112,8 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
     with tempfile.TemporaryDirectory() as tmp:
         samples = Path(tmp) / "steps.jsonl"
         os.environ[SCHEDULE_ENV] = f"{','.join(map(str, nodes))}:{reps}:{samples}"
-        llm = make_llm(EngineConfig(model_dir, dtype=dtype, max_num_seqs=batches[-1], prefix_caching=False),
+        llm = make_llm(EngineConfig(model_dir, dtype=dtype, max_num_seqs=batches[-1], prefix_caching=False,
+                                    enforce_eager=eager),
                        {"method": "custom_class", "model": "decoder.vllm.profile.ProfileProposer",
                         "num_speculative_tokens": max(1, top)})
         vocab = llm.llm_engine.model_config.get_vocab_size()
@@ -157,7 +161,7 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
 
     lengths = sorted(prefill_s)
     return {"format": 1, "model": name, "model_fingerprint": fingerprint, "engine": "vllm",
-            "engine_version": VLLM_VERSION, "device": "cuda" if torch.cuda.is_available() else "cpu", "device_name": platform.processor() or platform.machine(),
+            "engine_version": VLLM_VERSION, "vllm_mode": vllm_mode(eager), "device": "cuda" if torch.cuda.is_available() else "cpu", "device_name": platform.processor() or platform.machine(),
             "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__, "batch_size": 1,
             "nodes": nodes, "contexts": list(contexts), "verify_s": verify_s, "prefill_lengths": lengths,
             "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
