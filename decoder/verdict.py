@@ -37,6 +37,12 @@ A number that cannot be what it claims (a share or an end of its interval outsid
 interval end at or below 0) gives "cannot decide" (CANNOT_DECIDE), not a decision: the rule is never
 applied to a value that is wrong. The reports also give it, through `cannot_decide`, when a result file the
 verdict reads lacks a field or holds an invalid one (data/results.py); no other quantity is ever read in a missing one's place.
+
+The profile prices the arms and sizes the cost-sized drafts, so the share, the gain and the speedups move with
+it. `sensitivity` applies the same rule to the replay's `profile_spread` block (the verdict's pair sized and
+priced with every verify step at the fastest, then at the slowest, of its repetitions: decoder/profile_spread.py)
+and says in one line whether the verdict holds at both ends, or what each end decides and why, or that the
+spread is unknown (a profile that kept only medians). It states; it does not change the verdict.
 """
 
 from __future__ import annotations
@@ -191,3 +197,64 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
         return Verdict("neutral", rule_text(on_arm, off_arm),
                        [f"kept from enable: {r}" for r in not_enable] + enable_why + notes)
     return Verdict("enable", rule_text(on_arm, off_arm), enable_why + notes)
+
+
+# ---------------------------------------------------------------- the verdict at the ends of the profile's spread
+
+END_WORDS = {"fast": "the fast end (every step at the fastest of its repetitions)",
+             "slow": "the slow end (every step at the slowest of its repetitions)"}
+
+
+@dataclass(frozen=True)
+class Sensitivity:
+    """Whether the verdict holds at both ends of the profile's measured spread (decoder/profile_spread.py)."""
+
+    holds: bool | None  # True: the same decision at both ends; False: an end decides otherwise; None: unknown
+    line: str  # one line for the page and the replay command
+    ends: dict = field(default_factory=dict)  # end -> the Verdict there (empty when unknown)
+
+
+def _share_iv(entry: dict) -> str:
+    v, iv = _num(entry.get("value")), _interval(entry.get("interval"))
+    if v is None:
+        return "not known"
+    return _pct(v) + (f" [{_pct(iv[0]).rstrip('%')}–{_pct(iv[1])}]" if iv else " (no interval)")
+
+
+def sensitivity(main: Verdict, block, on_arm: str = ON_ARM, off_arm: str = OFF_ARM) -> Sensitivity | None:
+    """The verdict `main` against the same rule applied to the replay's `profile_spread` block (the key-on arm's
+    summary.json: decoder/replay.py add_profile_spread), end by end; None when there is no block (a replay
+    without a profile, or from before the spread was kept) or `main` could not decide."""
+    if not isinstance(block, dict) or main.decision == CANNOT_DECIDE:
+        return None
+    ends = block.get("ends")
+    if not isinstance(ends, dict) or not ends:
+        note = block.get("note")
+        return Sensitivity(None, "Profile spread unknown: " + (note.removeprefix("spread unknown: ")
+                                                                if isinstance(note, str) and note else
+                                                                "the replay recorded no end of it"))
+    got: dict[str, Verdict] = {}
+    shares: dict[str, str] = {}
+    for end in ("fast", "slow"):
+        e = ends.get(end) if isinstance(ends.get(end), dict) else {}
+        share = e.get("sole_source_share") if isinstance(e.get("sole_source_share"), dict) else {}
+        gain = e.get("paired_gain") if isinstance(e.get("paired_gain"), dict) else {}
+        got[end] = verdict(share.get("value"), share.get("interval"), gain.get("interval"), e.get("speedup"),
+                           e.get("speedup_versus"), on_arm, off_arm)
+        shares[end] = _share_iv(share)
+    reps, width = block.get("reps"), _num(block.get("width"))
+    what = ", ".join(x for x in (
+        f"{reps} repetitions a point" if isinstance(reps, int) and not isinstance(reps, bool) else "",
+        f"the slowest up to {100 * width:.0f}% above the fastest" if width is not None else "") if x)
+    what = f" ({what})" if what else ""
+    if all(v.decision == main.decision for v in got.values()):
+        return Sensitivity(True, f"The verdict holds at both ends of the profile's measured spread{what}: "
+                                 f"sole-source share {shares['fast']} at the fast end, {shares['slow']} at the slow "
+                                 "end.", got)
+    parts = []
+    for end, v in got.items():
+        said = v.reasons[0].removeprefix("kept from enable: ").split(": sole-source share ")[0] if v.reasons else ""
+        parts.append(f"at {END_WORDS[end]}: share {shares[end]} → {v.decision.upper()}"
+                     + (" (as at the median)" if v.decision == main.decision else f" ({said})"))
+    return Sensitivity(False, f"The verdict does not hold across the profile's measured spread{what}: "
+                              + "; ".join(parts) + ".", got)
