@@ -89,11 +89,12 @@ def spread_ends(cost) -> tuple[dict | None, str | None]:
 
 
 def spread_width(cost) -> float | None:
-    """The widest relative spread of a verify point, (slowest - fastest) / median, for the summary; None
-    without a spread."""
+    """The widest spread of a verify point, slowest / fastest - 1 (0.2: its slowest rep 20% above its fastest),
+    for the summary; None without a (valid) spread."""
     lo, hi = cost.meta.get("verify_s_min"), cost.meta.get("verify_s_max")
-    if lo is None or hi is None:
+    try:
+        width = np.asarray(hi, np.float64) / np.asarray(lo, np.float64) - 1
+    except (TypeError, ValueError, ZeroDivisionError):
         return None
-    width = (np.asarray(hi, np.float64) - np.asarray(lo, np.float64)) / cost.verify
-    value = float(np.max(width)) if width.size else None
-    return value if value is not None and math.isfinite(value) else None
+    value = float(np.max(width)) if lo is not None and hi is not None and width.size else None
+    return value if value is not None and math.isfinite(value) and value >= 0 else None

@@ -98,7 +98,7 @@ def test_replay_sizes_and_prices_the_pair_at_both_ends(store, tmp_path, stories)
     got = _replay(store, tmp_path, prof, arms=(*PAIR, "suffix"))
     on = got[("oilbird-chain", 60)]
     block = on["profile_spread"]
-    assert block["reps"] == 3 and block["note"] is None and block["width"] == pytest.approx((0.03 - 0.004) / 0.01)
+    assert block["reps"] == 3 and block["note"] is None and block["width"] == pytest.approx(0.03 / 0.004 - 1)
     fast, slow = block["ends"]["fast"], block["ends"]["slow"]
     for e in (fast, slow):
         assert e["resized"] is True and e["paired_gain"]["versus"] == "oilbird-no-semantic-chain"
