@@ -3,10 +3,10 @@
 What is measured, on one device, model and dtype: for each context length L (the tokens already in
 the KV cache, `past_len`), the wall time of `decoder.engine.verify_tree` feeding the anchor plus a
 draft tree of N nodes (N = 0 is the `ar` step: the anchor alone), the median of `reps` runs after
-one warm-up, the cache cropped back to L after every run (the fastest and the slowest of the reps are kept
-too, `verify_s_min` / `verify_s_max`: the spread the verdict is checked across, decoder/profile_spread.py);
-and the time of `decoder.engine.prefill` against prompt length. Replay (which simulates every drafter over captured greedy traces without
-running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
+one warm-up, the cache cropped back to L after every run (the fastest and the slowest of the reps are
+kept too, `verify_s_min` / `verify_s_max`: the spread the verdict is checked across,
+decoder/profile_spread.py); and the time of `decoder.engine.prefill` against prompt length. Replay
+(which simulates every drafter over captured greedy traces without running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
 the sum over requests of prefill_s(prompt_len) + the sum over its passes of verify_s(nodes,
 past_len) + the measured drafting and update time; plain greedy decoding is prefill_s(prompt_len)
 + one verify_s(0, past_len) per generated token; the speedup is their ratio. `CostModel` reads the

@@ -36,7 +36,8 @@ skipped (and said so).
 A number that cannot be what it claims (a share or an end of its interval outside [0, 1], a speedup or a gain
 interval end at or below 0) gives "cannot decide" (CANNOT_DECIDE), not a decision: the rule is never
 applied to a value that is wrong. The reports also give it, through `cannot_decide`, when a result file the
-verdict reads lacks a field or holds an invalid one (data/results.py); no other quantity is ever read in a missing one's place.
+verdict reads lacks a field or holds an invalid one (data/results.py); no other quantity is ever read in a
+missing one's place.
 
 The profile prices the arms and sizes the cost-sized drafts, so the share, the gain and the speedups move with
 it. `sensitivity` applies the same rule to the replay's `profile_spread` block (the verdict's pair sized and
@@ -128,8 +129,8 @@ def verdict(share, share_interval, gain_interval, speedup_on=None, speedup_off=N
     """The decision for the semantic source (see the module docstring for the rule, stated exactly).
 
     share: sole-source share of oilbird (a fraction, over all committed tokens; reported, never compared with a
-    line); share_interval: its 95% interval, which the rule compares with the lines; gain_interval: the 95% interval of the paired tau
-    ratio oilbird / oilbird-no-semantic; speedup_on / speedup_off: the speedups over plain greedy of
+    line); share_interval: its 95% interval, which the rule compares with the lines; gain_interval: the 95%
+    interval of the paired tau ratio oilbird / oilbird-no-semantic; speedup_on / speedup_off: the speedups over plain greedy of
     oilbird and oilbird-no-semantic (both, or the speed conditions are skipped); `on_arm` / `off_arm`: the
     pair's names (oilbird-chain / oilbird-no-semantic-chain where the engine verifies chains).
     """
