@@ -94,6 +94,16 @@ _PASSES = (
     Field("seconds", NONNEG), Field("exact", FLAG),
 )
 
+# The verdict's inputs at the two ends of the profile's spread (decoder/replay.py add_profile_spread), in the
+# key-on arm's replay summary.
+_SPREAD = (
+    Field("profile_spread.reps", COUNT), Field("profile_spread.width", NONNEG), Field("profile_spread.note", TEXT),
+    Field("profile_spread.ends.*.sole_source_share.value", SHARE, "interval"),
+    Field("profile_spread.ends.*.paired_gain.tau_ratio", POSITIVE, "interval"),
+    Field("profile_spread.ends.*.speedup", POSITIVE), Field("profile_spread.ends.*.speedup_versus", POSITIVE),
+    Field("profile_spread.ends.*.mean_nodes", NONNEG), Field("profile_spread.ends.*.resized", FLAG),
+)
+
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
         *_PASSES,
@@ -107,6 +117,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("estimate.draft_fraction", SHARE), Field("estimate.overhead_fraction", SHARE),
         Field("estimate_by_batch.*.speedup", POSITIVE, "speedup_interval"),
         Field("knn_recall.value", SHARE),
+        *_SPREAD,
     ),
     "live": (
         *_PASSES,

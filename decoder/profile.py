@@ -3,9 +3,10 @@
 What is measured, on one device, model and dtype: for each context length L (the tokens already in
 the KV cache, `past_len`), the wall time of `decoder.engine.verify_tree` feeding the anchor plus a
 draft tree of N nodes (N = 0 is the `ar` step: the anchor alone), the median of `reps` runs after
-one warm-up, the cache cropped back to L after every run; and the time of `decoder.engine.prefill`
-against prompt length. Replay (which simulates every drafter over captured greedy traces without
-running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
+one warm-up, the cache cropped back to L after every run (the fastest and the slowest of the reps are
+kept too, `verify_s_min` / `verify_s_max`: the spread the verdict is checked across,
+decoder/profile_spread.py); and the time of `decoder.engine.prefill` against prompt length. Replay
+(which simulates every drafter over captured greedy traces without running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
 the sum over requests of prefill_s(prompt_len) + the sum over its passes of verify_s(nodes,
 past_len) + the measured drafting and update time; plain greedy decoding is prefill_s(prompt_len)
 + one verify_s(0, past_len) per generated token; the speedup is their ratio. `CostModel` reads the
@@ -37,6 +38,7 @@ from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
 from decoder.draft import MAX_NODES  # one bound for every CLI's --nodes
 from decoder.profile_engine import ENGINES
+from decoder.profile_spread import spread_fields
 
 FORMAT = 1
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
@@ -129,8 +131,9 @@ def device_name(device: torch.device) -> str:
     return platform.processor() or platform.machine()
 
 
-def _median_time(fn, reps: int, device: torch.device, after=None) -> float:
-    """Median wall time of `reps` calls of fn (synchronized on CUDA); `after` runs untimed after each."""
+def _median_time(fn, reps: int, device: torch.device, after=None, spread: list | None = None) -> float:
+    """Median wall time of `reps` calls of fn (synchronized on CUDA); `after` runs untimed after each; the
+    fastest and the slowest of them appended to `spread` when given (the profile's verify_s_min / _max)."""
     times = []
     for _ in range(reps):
         if device.type == "cuda":
@@ -142,6 +145,8 @@ def _median_time(fn, reps: int, device: torch.device, after=None) -> float:
         times.append(time.perf_counter() - t0)
         if after is not None:
             after()
+    if spread is not None:
+        spread.append((float(min(times)), float(max(times))))
     return float(statistics.median(times))
 
 
@@ -192,12 +197,12 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
     for p in extra:
         prefill_s[p], _ = timed_prefill(p)
         bar.update(1)
-    verify_s = []
+    verify_s, ends = [], []  # ends: per context, (fastest, slowest) of the reps at each node count
     for L in contexts:
         bar.set_postfix(context=L)
         prefill_s[L + 1], cache = timed_prefill(L + 1)  # the cache now holds L tokens; ids[L] is the anchor
         bar.update(1)
-        row = []
+        row, row_ends = [], []
         for n in nodes:
 
             def run(n=n, L=L, cache=cache):
@@ -208,9 +213,10 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
 
             run()
             crop()  # warm-up
-            row.append(_median_time(run, reps, dev, after=crop))
+            row.append(_median_time(run, reps, dev, after=crop, spread=row_ends))
             bar.update(1)
         verify_s.append(row)
+        ends.append(row_ends)
     bar.close()
     lengths = sorted(prefill_s)
     return {
@@ -219,6 +225,7 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "nodes": nodes, "contexts": contexts, "verify_s": verify_s,
         "prefill_lengths": lengths, "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
+        **spread_fields(ends),  # the fastest and slowest rep of every verify point (decoder/profile_spread.py)
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 

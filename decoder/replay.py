@@ -63,7 +63,7 @@ from data.store.layout import (
 from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
 from decoder.passes import paired_ratio, pass_statistics
-from decoder.policy import DECISION_ARMS, decision_arms, paired_arm
+from decoder.policy import DECISION_ARMS, FORM_PAIRS, decision_arms, paired_arm
 from decoder.pools import (
     INDEX_HELP,
     PoolSettings,
@@ -73,6 +73,7 @@ from decoder.pools import (
     warmup_note,
 )
 from decoder.pricing import arm_batch, check_coverage, check_nodes, cost_sized_arms, priced_span
+from decoder.profile_spread import spread_ends, spread_width
 from decoder.replay_runs import (  # noqa: F401  (replay_arm: one arm's replay, imported from here by its users)
     ArmReplay,
     check_ray,
@@ -85,6 +86,7 @@ from decoder.workers import check_jobs
 
 # `--arms decision` (what `make census` replays): decoder/policy.py's decision_arms for the profile's engine
 DECISION = "decision"
+DECISION_NODES = 60  # the node budget the decision reads when several were replayed (reports/results.py), else the largest
 POOLS = ("past", "warm")
 SIZINGS = ("profile", "flat")
 UNVERIFIED_NOTE = ("replayed on an unverified trace store (no checksums in its meta.json, as in a store written "
@@ -208,6 +210,9 @@ def replay_is_current(cfg: ReplayConfig) -> bool:
                 return False
             if s.get("estimate") is None and profile.exists():
                 return False
+            if s.get("estimate") is not None and "profile_spread" not in s and any(
+                    arm == on and off in cfg.arms for on, off in FORM_PAIRS.values()):
+                return False  # the verdict's pair, replayed before its profile's spread was checked
             if not (folder / "cycles.parquet").exists():
                 return False
     return True
@@ -262,6 +267,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     spec = check_index(cfg.index, store.d_model)
     budget_tokens, budget_info = resolve_budget(cfg.store_budget, spec, store.d_model, cfg.pool)
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
+    ends, spread_note = spread_ends(cost) if cost is not None else (None, None)  # a damaged spread: refused here
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
     context_note = None if cost is None else check_coverage(  # only what the profile measured (decoder/pricing.py)
         cost, arms, cfg.nodes, cost_sized_arms(arms, cfg.sizing),
@@ -279,12 +285,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     index_note = check_index_fits(spec, cfg, arms, traces, vocab_size, budget_tokens)
     settings = PoolSettings(spec.text, budget_tokens, cfg.knn_recall_every, cfg.index_train_size,
                             step_cost=cost if cfg.sizing == "profile" else None)
-    jobs = [(arm, nodes) for arm in arms for nodes in cfg.nodes]
-    if cfg.ray is not None:  # one Ray task per (arm, nodes) (decoder/replay_runs.py); the same runs
-        runs = run_on_ray(cfg.ray, jobs, traces, cfg.pool, vocab_size, settings, cfg.progress)
-    else:
-        runs = run_in_processes(jobs, traces, path, cfg.pool, cfg.limit, cfg.max_new_tokens, vocab_size, settings,
-                                cfg.jobs or min(len(jobs), os.cpu_count() or 1), cfg.progress)
+    runs = run_jobs(cfg, [(arm, nodes) for arm in arms for nodes in cfg.nodes], traces, path, vocab_size, settings)
 
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
@@ -309,8 +310,65 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
                          if k in ("speedup", "speedup_interval", "ar_seconds", "arm_seconds")}
                 for b in cost.batch_sizes()}
     add_paired_gains(summaries, runs, arm_seconds, cfg.pair_against, boot)
+    if cost is not None:
+        add_profile_spread(cfg, summaries, runs, traces, path, vocab_size, settings, boot, cost, ends, spread_note)
     write_results(cfg, slug, summaries, runs)
     return summaries
+
+
+def run_jobs(cfg: ReplayConfig, jobs: list[tuple[str, int]], traces: list[Trace], path: Path, vocab_size: int,
+             settings: PoolSettings) -> dict[tuple[str, int], ArmReplay]:
+    """Every (arm, nodes) of `jobs`, on Ray (`cfg.ray`: one task each) or in this machine's worker processes."""
+    if cfg.ray is not None:  # one Ray task per (arm, nodes) (decoder/replay_runs.py); the same runs
+        return run_on_ray(cfg.ray, jobs, traces, cfg.pool, vocab_size, settings, cfg.progress)
+    return run_in_processes(jobs, traces, path, cfg.pool, cfg.limit, cfg.max_new_tokens, vocab_size, settings,
+                            cfg.jobs or min(len(jobs), os.cpu_count() or 1), cfg.progress)
+
+
+def add_profile_spread(cfg: ReplayConfig, summaries: dict, runs: dict, traces: list[Trace], path: Path,
+                       vocab_size: int, settings: PoolSettings, boot: RequestBootstrap | None, cost,
+                       ends: dict | None, note: str | None) -> None:
+    """The verdict's pair (decoder/policy.py FORM_PAIRS, both replayed here) at both ends of the profile's measured
+    spread (decoder/profile_spread.py): the key-on arm's summary gets `profile_spread` {reps, width, note, ends:
+    {fast, slow: the inputs of the verdict there}}; `ends` null and `note` saying so when the spread is unknown.
+
+    Only what the profile changes is replayed again: the pair's cost-sized arms (size auto under --sizing
+    profile), sized by the end's costs, at the node budget the decision reads; an arm the profile does not size
+    passes the same way at either end, so its run is reused and only priced again."""
+    nodes = DECISION_NODES if DECISION_NODES in cfg.nodes else max(cfg.nodes)
+    pairs = [pair for pair in dict.fromkeys(FORM_PAIRS.values()) if all((a, nodes) in runs for a in pair)]
+    if not pairs:
+        return
+    block = {"reps": cost.meta.get("reps"), "width": spread_width(cost), "note": note, "ends": None}
+    if ends is None:
+        for on, _ in pairs:
+            summaries[(on, nodes)]["profile_spread"] = dict(block)
+        return
+    pair_arms = [a for pair in pairs for a in pair]
+    resized = [a for a, sized in zip(pair_arms, cost_sized_arms(pair_arms, cfg.sizing)) if sized]
+    per_pair: dict[str, dict] = {on: {} for on, _ in pairs}
+    for end, end_cost in ends.items():
+        end_runs = dict(runs)
+        if resized and cfg.progress:
+            print(f"replay: {', '.join(resized)} again at the {end} end of the profile's spread", file=sys.stderr)
+        if resized:
+            end_runs.update(run_jobs(cfg, [(a, nodes) for a in resized], traces, path, vocab_size,
+                                     dataclasses.replace(settings, step_cost=end_cost)))
+        for on, off in pairs:
+            r_on, r_off = end_runs[(on, nodes)], end_runs[(off, nodes)]
+            share = pass_statistics(r_on.cycles, r_on.has_key, boot)["sole_source_share"] or {}
+            ratio, iv = paired_ratio(np.array([len(c) for c in r_off.cycles], float),
+                                     np.array([len(c) for c in r_on.cycles], float), boot)
+            per_pair[on][end] = {
+                "sole_source_share": {"value": share.get("value"), "interval": share.get("interval")},
+                "paired_gain": {"versus": off, "tau_ratio": ratio, "interval": iv},
+                "speedup": estimate(r_on, traces, end_cost, boot)[0]["speedup"],
+                "speedup_versus": estimate(r_off, traces, end_cost, boot)[0]["speedup"],
+                "mean_nodes": float(np.mean([c.nodes for cs in r_on.cycles for c in cs] or [0.0])),
+                "resized": any(a in resized for a in (on, off)),  # sized again by the end's costs (else repriced)
+            }
+    for on, _ in pairs:
+        summaries[(on, nodes)]["profile_spread"] = {**block, "ends": per_pair[on]}
 
 
 def expand_decision(cfg: ReplayConfig, slug: str) -> ReplayConfig:

@@ -67,7 +67,7 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
     names = [FORM_PAIRS[engine_form(engine)][0], ON_ARM]
     on = next((s for name in names for (arm, _), s in summaries.items() if arm == name and s.get("paired_gain")), None)
     if on is not None:
-        from decoder.verdict import CANNOT_DECIDE, verdict
+        from decoder.verdict import CANNOT_DECIDE, sensitivity, verdict
 
         off = summaries.get((on["paired_gain"]["versus"], on["nodes"])) or {}
         share = on.get("sole_source_share") or {}
@@ -78,6 +78,9 @@ def format_table(summaries: dict[tuple[str, int], dict]) -> str:
             lines.append(f"verdict: CANNOT DECIDE ({'; '.join(v.reasons)})")
         else:
             lines.append(f"verdict: {v.decision.upper()} the semantic source ({'; '.join(v.reasons)})")
+        spread = sensitivity(v, on.get("profile_spread"), on["arm"], on["paired_gain"]["versus"])
+        if spread is not None:  # the same rule at both ends of the profile's measured spread
+            lines.append(f"profile: {spread.line}")
         lines.append(f"rule: {v.rule}")
         if on.get("by_depth") and off.get("by_depth"):
             lines.append(format_depth_table(on, off))

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from data.results import Problem
 from decoder.policy import FORM_PAIRS, OFF_ARM, ON_ARM
-from decoder.verdict import CANNOT_DECIDE, Verdict, cannot_decide, verdict
+from decoder.verdict import CANNOT_DECIDE, Sensitivity, Verdict, cannot_decide, sensitivity, verdict
 from reports import charts
 from reports.arms import (
     BASIS_TEXT,
@@ -136,13 +136,36 @@ def undecidable(d: Decision | None) -> bool:
     return d is not None and d.verdict.decision == CANNOT_DECIDE
 
 
-def verdict_callout(d: Decision, lead: str) -> str:
+def verdict_callout(d: Decision, lead: str, extra: str = "") -> str:
     v = d.verdict
     reasons = "".join(f"<li>{esc(r)}</li>" for r in v.reasons)
     return (f'<div class="callout {DECISION_CSS[v.decision]}"><p>{lead}Verdict: '
             f"<strong>{esc(DECISION_TEXT[v.decision])}</strong>.</p>"
-            f"<ul>{reasons}</ul>"
+            f"<ul>{reasons}</ul>{extra}"
             f'<p class="note">Rule (decoder/verdict.py): {esc(v.rule)}</p></div>')
+
+
+def profile_sensitivity(d: Decision | None) -> Sensitivity | None:
+    """Whether a replay's verdict holds at both ends of its profile's measured spread (decoder/verdict.py
+    `sensitivity`, over the key-on arm's `profile_spread`); None for the live decoder, a verdict that cannot
+    decide, or a replay without the block."""
+    if d is None or d.source != "replay" or undecidable(d):
+        return None
+    return sensitivity(d.verdict, d.arm.summary.get("profile_spread"), *FORM_PAIRS[d.form])
+
+
+def spread_paragraph(result: Result, d: Decision) -> str:
+    """The verdict's sensitivity to the profile, in one line inside the verdict's callout: it holds at both ends
+    of the profile's measured spread, or what an end decides instead, or the spread is unknown."""
+    s = profile_sensitivity(d)
+    if s is None:
+        if est_speedup(d.arm) is None:
+            return ""  # no profile priced this replay: nothing for the verdict to be sensitive to
+        return (f'<p class="spread note">Profile spread: not checked (a replay from before the spread was kept; '
+                f"<code>{esc(recompute_command(result))}</code> recomputes it).</p>")
+    if s.holds is False:
+        return f'<p class="spread sensitive"><strong>Sensitive to the profile:</strong> {esc(s.line)}</p>'
+    return f'<p class="spread">{esc(s.line)}</p>'
 
 
 def shares_paragraph(arm: Arm, where: str) -> str:
@@ -165,7 +188,11 @@ def verdict_cell(d: Decision | None) -> str:
     if d is None:
         return "–"
     tip = f"read from the {d.source} results: " + "; ".join(d.verdict.reasons)
-    return f'<span title="{esc(tip)}"><strong>{esc(d.verdict.decision)}</strong> ({esc(d.source)})</span>'
+    s = profile_sensitivity(d)
+    if s is not None:
+        tip += f". {s.line}"
+    mark = " · <em>sensitive to the profile</em>" if s is not None and s.holds is False else ""
+    return f'<span title="{esc(tip)}"><strong>{esc(d.verdict.decision)}</strong> ({esc(d.source)}){mark}</span>'
 
 
 def replay_verdict(result: Result, d: Decision) -> list[str]:
@@ -183,7 +210,8 @@ def replay_verdict(result: Result, d: Decision) -> list[str]:
         return [verdict_callout(d, lead), not_available(
             f"no verdict and none of its numbers until the file is rewritten: `{command} --arms "
             f"{on_name},{off_name}` recomputes both arms; the arms table below shows the values that are valid")]
-    parts = [verdict_callout(d, lead), fastest_paragraph(result, d), shares_paragraph(on, "replay")]
+    parts = [verdict_callout(d, lead, spread_paragraph(result, d)), fastest_paragraph(result, d),
+             shares_paragraph(on, "replay")]
     g = d.gain
     if g:
         speed = (f"; estimated speedup {gain_text(g.get('speedup_ratio'), g.get('speedup_interval'))}"

@@ -33,6 +33,7 @@ h3{font-size:1rem;margin:1.2rem 0 .3rem}
 .callout.neutral{border-left-color:#E69F00;background:#fdf5e6}
 .callout.stale{border-left-color:#CC79A7;background:#fbeef5}
 .callout.cannot{border-left-color:#000;background:#eeeeee;border-left-style:double;border-left-width:6px}
+.spread.sensitive{border-top:2px dashed #CC79A7;padding-top:.3rem}
 .flag{display:inline-block;font-size:.75rem;font-weight:600;color:#7a2855;background:#fbeef5;
 border:1px solid #CC79A7;border-radius:3px;padding:0 .3rem;margin-left:.2rem;white-space:nowrap}
 .table-scroll{max-width:100%;overflow-x:auto}  /* a table wider than the page scrolls in its box, not the page */

@@ -430,15 +430,17 @@ def test_sole_source_share_and_decision_class(tmp_path):
     # an arm without the semantic source has no share
     lex = runs / "toy" / "toy-model" / "decode" / "lexical"
     assert sole_source_share(json.loads((lex / "summary.json").read_text()), lex / "cycles.parquet") is None
-    # one rule (decoder.verdict), one callout class per decision: without a paired gain interval a share alone
-    # never enables
+    # one rule (decoder.verdict), one callout class per decision, on the share's interval (here +-0.5 points):
+    # without a paired gain interval a share alone never enables
     def callout(share, gain=None):
-        return DECISION_CSS[verdict(share, None, gain).decision]
+        return DECISION_CSS[verdict(share, [share - 0.005, share + 0.005], gain).decision]
 
     assert callout(0.12) == "neutral" and callout(0.05) == "neutral"
-    assert callout(0.12, [1.01, 1.1]) == "enable" and callout(0.09, [1.01, 1.1]) == "enable"
+    assert callout(0.12, [1.01, 1.1]) == "enable" and callout(0.095, [1.01, 1.1]) == "enable"
+    assert callout(0.09, [1.01, 1.1]) == "neutral"  # its interval straddles the 9% line
     assert callout(0.01) == "off" and callout(0.12, [0.9, 0.99]) == "off"
-    write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS, {"sole_source_share": {"value": 0.021, "sole": 21, "tokens": 1000}})
+    write_arm(arm, "oilbird", 1.8, SEMANTIC_LABELS,
+              {"sole_source_share": {"value": 0.021, "interval": [0.015, 0.027], "sole": 21, "tokens": 1000}})
     text = "".join(parse(render_one(runs)).text)
     assert "2.10%" in text and DECISION_TEXT["leave off"] in text
     assert "oilbird 1.80× over ar, against 2.00× for the best other arm (lexical)" in text
@@ -527,7 +529,8 @@ def test_decision_block_enable(tmp_path):
     # the fastest configuration the harness can run (trees and chains alike): oilbird at 2.10x
     assert "Fastest configuration the Oilbird harness can run" not in text  # no estimate_by_batch in these summaries
     assert f"Rule (decoder/verdict.py): {RULE}" in text  # the rule, with its numbers
-    assert "sole-source share 12.0% (95% interval 11.0–13.0%) is at or above the 9% line" in text
+    assert ("sole-source share 12.0% (95% interval 11.0–13.0%): its interval lies entirely at or above the 9% line"
+            in text)
     # both definitions of the share, named, with intervals and counts
     assert "12.0% [11.0–13.0%] (8,079 of 67,324) of all committed tokens (bonus tokens included" in text
     assert "24.0% [22.0–26.0%] (8,079 of 33,662) of accepted draft tokens" in text
@@ -594,7 +597,8 @@ def test_decision_block_leave_off(tmp_path):
     assert_offline(page)
     cls, text = decision_of(page)
     assert cls == "off" and f"Verdict: {DECISION_TEXT['leave off']}." in text
-    assert "sole-source share 2.10% (95% interval 1.10–3.10%) is below the 3% line" in text
+    # off by the speed condition; the share's interval crosses the off line, and the reasons say so
+    assert "the share's interval straddles the 3% line: sole-source share 2.10% (95% interval 1.10–3.10%)" in text
     assert "speedup 1.90× with the semantic source against 2.00× without: more than 2% slower" in text
     assert "tau ×0.990 [0.970–1.010]" in text
     assert "live speedup" not in text  # no decode/: no live columns

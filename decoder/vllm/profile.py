@@ -12,7 +12,8 @@ tokens each); `verify_s` stays batch 1, what replay prices (one stream). How:
     sampling and rejection, its scheduler and our proposer: what a speculative step costs in vLLM);
   - per context length L (and batch size B), B requests with fresh random prompts of L tokens run the whole
     walk together, in lockstep (every row proposes N and commits one token a step; their contexts grow by
-    one token a step, about 3 x 10 steps past L); the median over the reps is kept;
+    one token a step, about 3 x 10 steps past L); the median over the reps is kept, and at batch 1 the fastest
+    and the slowest of them (`verify_s_min`, `verify_s_max`: decoder/profile_spread.py);
   - prefill_s(L): one request of a fresh random prompt of L tokens and one new token, timed whole.
 The file says `"engine": "vllm"` and `"vllm_mode"`: `compiled` (vLLM's default compilation, the mode that
 serves, and the default here) or `eager` (`--vllm-eager`); a profile written before the mode was recorded was
@@ -32,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from data.errors import OilbirdError
+from decoder.profile_spread import spread_fields
 
 # "n,n,n:reps:out_path"; <out_path>.batch holds the rows of the walk. Not OILBIRD_VLLM_PROFILE: that one
 # names the proposer's profile file, which the settings check reads (data/capture/vllm_settings.py)
@@ -121,8 +123,9 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
         def prompt(n: int):
             return TokensPrompt(prompt_token_ids=rng.integers(3, max(4, vocab // 2), n).tolist())
 
-        def walk(length: int, rows: int) -> list[float]:
-            """Per node count, the median seconds of a step verifying `rows` rows of that many draft tokens."""
+        def walk(length: int, rows: int) -> list[tuple[float, float, float]]:
+            """Per node count, the (median, fastest, slowest) seconds of a step verifying `rows` rows of that many
+            draft tokens."""
             samples.with_suffix(".batch").write_text(str(rows))
             samples.unlink(missing_ok=True)
             llm.generate([prompt(length) for _ in range(rows)],
@@ -138,15 +141,17 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
             if missing:
                 raise OilbirdError(f"vLLM profile: no step measured for {missing} nodes at context {length}, "
                                    f"batch {rows}")
-            return [statistics.median(by[n]) for n in nodes]
+            return [(statistics.median(by[n]), min(by[n]), max(by[n])) for n in nodes]
 
         llm.generate([prompt(8)], SamplingParams(temperature=0.0, max_tokens=4), use_tqdm=False)  # warm-up
-        verify_s, prefill_s = [], {}
+        verify_s, prefill_s, ends = [], {}, []  # ends: per context, (fastest, slowest) at each node count
         by_batch: dict[str, list[list[float]]] = {str(b): [] for b in batches if b > 1}
         for L in contexts:
-            verify_s.append(walk(L, 1))
+            row = walk(L, 1)
+            verify_s.append([m for m, _, _ in row])
+            ends.append([(lo, hi) for _, lo, hi in row])
             for b in batches[1:]:
-                by_batch[str(b)].append(walk(L, b))
+                by_batch[str(b)].append([m for m, _, _ in walk(L, b)])
             samples.with_suffix(".batch").write_text("1")
             t0 = time.perf_counter()
             llm.generate([prompt(L)], SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
@@ -164,6 +169,6 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
             "engine_version": VLLM_VERSION, "vllm_mode": vllm_mode(eager), "device": "cuda" if torch.cuda.is_available() else "cpu", "device_name": platform.processor() or platform.machine(),
             "dtype": dtype, "threads": torch.get_num_threads(), "torch": torch.__version__, "batch_size": 1,
             "nodes": nodes, "contexts": list(contexts), "verify_s": verify_s, "prefill_lengths": lengths,
-            "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
+            "prefill_s": [prefill_s[p] for p in lengths], "reps": reps, **spread_fields(ends),
             **({"batch_sizes": batches, "verify_s_by_batch": by_batch} if by_batch else {}),
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
