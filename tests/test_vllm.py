@@ -142,8 +142,7 @@ def test_the_proposer_follows_every_row(served, arm):
     assert p["arm"] == arm.removesuffix("-eager") and p["k"] == 4
     assert p["unaligned_steps"] == 0 and p["unverified_rows"] == 0 and p["untapped_steps"] == 0
     requests = 1 + 8 * len(served[arm]["batches"]) + (800 if served[arm]["sampled"] else 0)  # the warm-up too
-    assert p["requests"] == requests
-    assert p["finished"] >= requests - 16  # a request enters the pool at the next step
+    assert p["requests"] == requests and p["finished"] == requests  # (vllm-run's last short request ends them)
     pool = p["drafter"]
     assert pool["pool_tokens"] == p["pooled_tokens"] > 0
     if arm != "oilbird-no-semantic":  # the semantic source is on: states reached the pool and the key was asked

@@ -161,6 +161,10 @@ def run_arm(model: str, prompts: list[list[int]], arm: str, k: int = 8, batch: i
             outputs, counters, wall = waves([prompts[sampling.prompt]] * sampling.requests, sampling.params(),
                                             sampling.batch)
             sampled = {**sampling.record(), "wall_s": round(wall, 4), "spec": counters, "outputs": outputs}
+        # one more short request: vLLM tells a proposer that a request finished only at the next step, so this
+        # one makes it see the last wave finish (they enter its pool and its stats are written whole)
+        llm.generate([TokensPrompt(prompt_token_ids=prompts[0][:WARMUP_PROMPT])],
+                     SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
         proposer = read_json(stats, "the proposer's stats") if os.path.exists(stats) else None
         del llm
     first = by_batch[str(batches[0])]
