@@ -210,12 +210,89 @@ def _not_not_found(ctx: Ctx, out: Outcome) -> str | None:
     return "says 'not found' for a path that exists" if "not found" in out.stderr else None
 
 
+def _plausible_profile(ctx: Ctx) -> dict:
+    """A profile of the store's model that prices every replay of the base store: 10 ms + 1 ms a node."""
+    fp = json.loads(_meta(ctx).read_text())["model_fingerprint"]
+    nodes, contexts, lengths = [0, 8, 64], [1, 4096], [1, 4096]
+    return {"format": 1, "model": "stories260k", "model_fingerprint": fp, "device": "cpu", "device_name": "probe",
+            "threads": 1, "nodes": nodes, "contexts": contexts,
+            "verify_s": [[0.01 + 0.001 * n for n in nodes] for _ in contexts],
+            "prefill_lengths": lengths, "prefill_s": [1e-4 * p for p in lengths]}
+
+
+def _profile_file(change):
+    """prepare: {case}/profile.json, the plausible profile with `change(profile)` applied (None: as it is)."""
+    def prepare(ctx: Ctx) -> None:
+        d = _plausible_profile(ctx)
+        if change:
+            change(d)
+        (ctx.case / "profile.json").write_text(json.dumps(d))
+    return prepare
+
+
+def _refusal_says(*words: str):
+    """check: a refusal must name what is wrong (another refusal would hide the case: it never ran)."""
+    def check(ctx: Ctx, out: Outcome) -> str | None:
+        missing = [w for w in words if w not in out.stderr]
+        return f"the refusal does not say {missing[0]!r}" if out.rc == 2 and missing else None
+    return check
+
+
+def _hand_placed_set(ctx: Ctx) -> None:
+    # docs/store.md's set: a folder of stores, here named by hand (not Ray's shard-NN)
+    members = ctx.store.parent / "members"
+    ctx.store.rename(members)
+    ctx.store.mkdir()
+    members.rename(ctx.store / "shard-a")
+    shutil.copytree(ctx.store / "shard-a", ctx.store / "shard-b")
+
+
+def _set_untouched(ctx: Ctx, out: Outcome) -> str | None:
+    if (ctx.store / "meta.json").exists():
+        return "a store was written beside the set's members: the folder now reads as that one store"
+    return None
+
+
+def _unseal(ctx: Ctx, **changes) -> None:
+    _edit_json(_meta(ctx), lambda o: (o.pop("meta_sha256", None), o.update(changes)))
+
+
+def _census_notes_unsealed(ctx: Ctx, out: Outcome) -> str | None:
+    summary = json.loads((census_dir(ctx.runs, ctx.bench, "stories260k") / "summary.json").read_text())
+    if not any("unsealed" in n for n in summary.get("notes", [])) or "unsealed" not in out.stdout:
+        return "the census of an unsealed store does not say it is unsealed"
+    return None
+
+
+def _replay_notes_unsealed(ctx: Ctx, out: Outcome) -> str | None:
+    s = json.loads(_summary(ctx, "lexical").read_text())
+    if "unsealed" not in (s.get("store_note") or "") or "unsealed" not in out.stdout:
+        return "the replay of an unsealed store does not say it is unsealed"
+    return None
+
+
+def _grown_store_runs_a_string(ctx: Ctx) -> None:
+    _append_line(ctx)
+    meta = store_dir(ctx.runs, f"jsonl:{ctx.case / 'traffic.jsonl'}", "stories260k") / "meta.json"
+    _edit_json(meta, lambda o: (o.pop("meta_sha256", None), o.__setitem__("runs", "abc")))
+
+
 def _spec(kwargs: str, env: str = "") -> list[str]:
     # speculative_config is a library call: an OilbirdError is the one-line refusal, anything else a traceback
     code = ("import sys\nfrom data.errors import OilbirdError\nfrom decoder.vllm.proposer import speculative_config\n"
             f"try:\n    speculative_config({kwargs})\nexcept OilbirdError as e:\n"
             "    print(f'error: {e}', file=sys.stderr); sys.exit(2)\n")
     return ["-c", code]
+
+
+def _make_llm_by_hand() -> list[str]:
+    code = ("import sys\nfrom data.errors import OilbirdError\n"
+            "from data.capture.vllm_engine import EngineConfig, make_llm\n"
+            "spec = {'method': 'custom_class', 'model': 'decoder.vllm.proposer.OilbirdProposer', "
+            "'num_speculative_tokens': 4}\n"
+            "try:\n    make_llm(EngineConfig(sys.argv[1]), spec)\nexcept OilbirdError as e:\n"
+            "    print(f'error: {e}', file=sys.stderr); sys.exit(2)\n")
+    return ["-c", code, "{work}/base/llama64"]
 
 
 # ------------------------------------------------------------------ the cases
@@ -317,6 +394,40 @@ def cases() -> list[Case]:
              check=_not_not_found, group="traffic", timeout=60),
         Case("capture: JSONL path is a folder", capture[:3] + ["--bench", "jsonl:{case}"] + capture[5:]
              + ["--model", "stories260k"], check=_not_not_found, group="traffic"),
+        # issue 45's probe: profiles, result blocks, store sets, the seal, --ray, meta.json's commit fields
+        Case("replay: a plausible profile prices", replay + ["--arms", "lexical", "--profile", "{case}/profile.json"],
+             "ok", prepare=_profile_file(None), group="profiles"),
+        Case("replay: profile verify_s negated", replay + ["--arms", "lexical", "--profile", "{case}/profile.json"],
+             prepare=_profile_file(lambda d: d.__setitem__("verify_s", [[-v for v in r] for r in d["verify_s"]])),
+             check=_refusal_says("not a positive time"), group="profiles"),
+        Case("replay: profile verify_s 0", replay + ["--arms", "lexical", "--profile", "{case}/profile.json"],
+             prepare=_profile_file(lambda d: d.__setitem__("verify_s", [[0.0] * 3, [0.0] * 3])),
+             check=_refusal_says("not a positive time"), group="profiles"),
+        Case("replay: profile prefill_s negative", replay + ["--arms", "lexical", "--profile", "{case}/profile.json"],
+             prepare=_profile_file(lambda d: d["prefill_s"].__setitem__(0, -0.5)),
+             check=_refusal_says("not a positive time"), group="profiles"),
+        Case("replay: profile grid reversed", replay + ["--arms", "lexical", "--profile", "{case}/profile.json"],
+             prepare=_profile_file(lambda d: d.__setitem__("verify_s", [r[::-1] for r in d["verify_s"]])),
+             check=_refusal_says("less than 1/3"), group="profiles"),
+        Case("reports: sole_source_share a bare 0.5, estimate a string", reports, "either",
+             lambda c: _edit_json(_summary(c), lambda o: o.update(sole_source_share=0.5, estimate="fast")),
+             _page_cannot_decide),
+        Case("capture: one store into a hand-placed set's folder", py_data + [
+            "capture", "--bench", "{bench}", "--model", "stories260k", "--out", "{runs}", "--max-new-tokens", MAX_NEW,
+            "--quiet"], prepare=_hand_placed_set, check=_set_untouched, group="sets"),
+        Case("census: unsealed store with an edited layer is noted", census, "ok",
+             prepare=lambda c: _unseal(c, layer=json.loads(_meta(c).read_text())["layer"] - 1),
+             check=_census_notes_unsealed, group="files"),
+        Case("replay: unsealed store is noted", replay + ["--arms", "lexical"], "ok", prepare=lambda c: _unseal(c),
+             check=_replay_notes_unsealed, group="files"),
+        Case("census --ray local:²", census + ["--ray", "local:²"], group="ray"),
+        Case("replay --ray local:²", replay + ["--arms", "lexical", "--ray", "local:²"], group="ray"),
+        Case("census --ray auto, RAY_ADDRESS=127.0.0.1:1", census + ["--ray", "auto"],
+             env={"RAY_ADDRESS": "127.0.0.1:1"}, check=_refusal_says("RAY_ADDRESS"), group="ray", timeout=90),
+        Case("capture: extending a store whose meta.json runs is a string", py_data + [
+            "capture", "--bench", "jsonl:{case}/traffic.jsonl", "--model", "stories260k", "--out", "{runs}",
+            "--max-new-tokens", MAX_NEW, "--quiet"], prepare=_grown_store_runs_a_string,
+             check=_refusal_says("`runs` is"), group="files"),
     ]
     return out
 
@@ -340,6 +451,13 @@ def vllm_cases() -> list[Case]:
         # vllm-run passes its own stats file; the variable is what `vllm serve` with the proposer reads
         Case("speculative_config OILBIRD_VLLM_STATS=a folder", _spec(""), env={"OILBIRD_VLLM_STATS": "{case}"},
              group="vllm"),
+        # the proposer's dict built by hand (as `vllm serve` users do): our engine builder checks it first, and
+        # `vllm-check` is what a `vllm serve` user runs before serving
+        Case("make_llm, the proposer's dict by hand, OILBIRD_VLLM_STATS=a folder", _make_llm_by_hand(),
+             env={"OILBIRD_VLLM_STATS": "{case}"}, check=_refusal_says("OILBIRD_VLLM_STATS"), group="vllm",
+             timeout=300),
+        Case("vllm-check OILBIRD_VLLM_STATS=a folder", ["-m", "decoder", "vllm-check"],
+             env={"OILBIRD_VLLM_STATS": "{case}"}, check=_refusal_says("OILBIRD_VLLM_STATS"), group="vllm"),
     ]
 
 

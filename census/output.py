@@ -33,6 +33,7 @@ from data.store.files import (
     make_tmp_dir,
 )
 from data.store.layout import census_dir, model_slug, store_dir
+from data.store.meta import unsealed_note
 from data.store.reader import TraceStore
 from data.store.storeset import open_store_or_set, set_provenance
 
@@ -100,9 +101,11 @@ UNVERIFIED_NOTE = ("computed on an unverified trace store (no checksums in its m
 def store_provenance(store: TraceStore) -> dict:
     """What a result records about the store it was computed on: `store_fingerprint` (what makes it
     stale when the store changes: data/store/reader.py `current_fingerprint`) and `store_verified` (false:
-    a store without checksums; the result's notes and the reports say so); for a store set, its fingerprint
-    and `store_set` (members, order: data/store/storeset.py)."""
-    return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified), **set_provenance(store)}
+    a store without checksums; the result's notes and the reports say so), `store_sealed` (false: an unsealed
+    meta.json, whose hand edits cannot be caught; the notes say so); for a store set, its fingerprint and
+    `store_set` (members, order: data/store/storeset.py)."""
+    return {"store_fingerprint": store.fingerprint, "store_verified": bool(store.verified),
+            "store_sealed": bool(store.meta_sealed), **set_provenance(store)}
 
 
 def open_input(bench: str, model: str, out: str | Path, store: str | Path | None = None,
@@ -158,6 +161,8 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     del opened
     t_read = time.perf_counter() - t0
     notes = [] if provenance["store_verified"] else [UNVERIFIED_NOTE]
+    if not provenance["store_sealed"]:
+        notes.append(unsealed_note(path, "computed"))
     if (provenance.get("store_set") or {}).get("note"):
         notes.append(provenance["store_set"]["note"])  # a set ordered store by store (data/store/storeset.py)
     if isinstance(embeddings, str):

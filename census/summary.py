@@ -4,7 +4,8 @@ Top level: bench, model, model_fingerprint, d_model, layer, pool, positions, req
 requests_with_positions, config (the CensusConfig used), store (its path), store_fingerprint (the
 store it was computed on: data/store/reader.py `TraceStore.fingerprint`; the reports mark the census stale
 when the store's current one differs) and store_verified (false: the store had no checksums to check
-its files against; a note says so too), emb_key, notes, timing, and four proportions
+its files against; a note says so too), store_sealed (false: an unsealed meta.json; a note says so), emb_key,
+notes, timing, and four proportions
   available   over all positions
   producible  over all positions
   gap         over all positions (available and not producible)

@@ -2,6 +2,8 @@
 
 - `local:N`: a Ray instance on this machine with N CPUs (`ray.init(num_cpus=N)`), shut down after the command.
 - `auto`: the cluster running here (`ray start --head`, or RAY_ADDRESS), else a local one on this machine's CPUs.
+  An address taken from RAY_ADDRESS is probed and bounded as `HOST:PORT` is (a stale one is one line naming
+  the variable, never Ray's minutes of retries); `local:N` ignores RAY_ADDRESS (Ray would join it instead).
 - `HOST:PORT` (on a node of the cluster) or `ray://HOST:PORT` (Ray Client, from outside it): that cluster.
   It is probed first (a TCP connect, CONNECT_TIMEOUT_S) and `ray.init` itself gets the same bound: an
   address that does not answer is one line, never a wait (ray.init alone retries for minutes).
@@ -54,6 +56,17 @@ class ClusterSize:
     gpus: int
 
 
+def _whole_number(text: str) -> bool:
+    """ASCII digits only: `str.isdigit()` also takes '²' or '٣', which `int()` then refuses with a traceback."""
+    return text.isascii() and text.isdigit()
+
+
+def _is_address(text: str) -> bool:
+    """HOST:PORT or ray://HOST:PORT, the port in ASCII digits."""
+    host, sep, port = text.removeprefix("ray://").rpartition(":")
+    return bool(sep and host and _whole_number(port))
+
+
 def parse_ray(text: str) -> RayTarget:
     """`--ray`'s value, or one line saying what it takes."""
     t = (text or "").strip()
@@ -61,11 +74,10 @@ def parse_ray(text: str) -> RayTarget:
         return RayTarget(t, "auto")
     if t.startswith("local:"):
         n = t[len("local:"):]
-        if not n.isdigit() or int(n) < 1:
+        if not _whole_number(n) or int(n) < 1:
             raise OilbirdError(f"--ray {text}: local:N needs a whole number of CPUs >= 1 (e.g. local:2)")
         return RayTarget(t, "local", cpus=int(n))
-    host_port = t.removeprefix("ray://")
-    if ":" not in host_port or not host_port.rsplit(":", 1)[0] or not host_port.rsplit(":", 1)[1].isdigit():
+    if not _is_address(t):
         raise OilbirdError(f"--ray {text!r}: use auto, local:N (N CPUs on this machine) or a cluster's HOST:PORT "
                            "(ray://HOST:PORT for Ray Client)")
     return RayTarget(t, "address", address=t)
@@ -81,14 +93,22 @@ def import_ray():
     return ray
 
 
-def probe(address: str, timeout: float) -> None:
-    """A TCP connect to the address: refused or silent within `timeout` is one line."""
+def probe(address: str, timeout: float, label: str | None = None, hint: str | None = None) -> None:
+    """A TCP connect to the address: refused or silent within `timeout` is one line (`label` names where the
+    address came from; default `--ray ADDRESS`)."""
     host, port = address.removeprefix("ray://").rsplit(":", 1)
     try:
         socket.create_connection((host, int(port)), timeout=timeout).close()
     except OSError as e:
-        raise OilbirdError(f"--ray {address}: no Ray cluster answers there within {timeout:g} s "
-                           f"({e.strerror or e}); start one (`ray start --head`) or use --ray local:N") from None
+        raise OilbirdError(f"{label or f'--ray {address}'}: no Ray cluster answers there within {timeout:g} s "
+                           f"({e.strerror or e}); {hint or 'start one (`ray start --head`) or use --ray local:N'}") from None
+
+
+def environment_address() -> str | None:
+    """The cluster address RAY_ADDRESS names (what `ray.init` would join for `--ray auto`), None when unset
+    (or `auto` / `local`, which name no address)."""
+    env = os.environ.get("RAY_ADDRESS", "").strip()
+    return env if env and env not in ("auto", "local") else None
 
 
 def _init_within(ray, timeout: float, text: str, **kwargs) -> None:
@@ -127,14 +147,22 @@ def start_ray(target: RayTarget, timeout: float | None = None):
     # per shard instead
     quiet = dict(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     try:
-        if target.kind == "local":
-            ray.init(num_cpus=target.cpus, **quiet)
-        elif target.kind == "address":
-            probe(target.address, timeout)
+        env = environment_address() if target.kind == "auto" else None
+        if target.kind == "local":  # address "local": a new instance, whatever RAY_ADDRESS says
+            ray.init(address="local", num_cpus=target.cpus, **quiet)
+        elif target.kind == "address" or env:
+            address = target.address or env
+            label = f"--ray {target.text}" if target.kind == "address" else \
+                f"--ray {target.text}: RAY_ADDRESS={env} (from the environment)"
+            if not _is_address(address):
+                raise OilbirdError(f"{label} is not HOST:PORT or ray://HOST:PORT; set RAY_ADDRESS to a cluster's "
+                                   "address, or unset it to run on this machine")
+            probe(address, timeout, label,
+                  "unset RAY_ADDRESS (or point it at a running cluster), or use --ray local:N" if env else None)
             # the driver's core worker logs each failed connect attempt (C++, on stderr) while it waits: the
             # outcome is our one line
             os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")
-            _init_within(ray, timeout, target.text, address=target.address, log_to_driver=False,
+            _init_within(ray, timeout, label.removeprefix("--ray "), address=address, log_to_driver=False,
                          logging_level=logging.ERROR)
         else:
             try:

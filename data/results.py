@@ -57,6 +57,12 @@ FLAG = Rule("flag", lambda v: isinstance(v, bool), "not true or false")
 TAU_BLOCK = Rule("tau block", lambda v: isinstance(v, dict), "not an object {value, interval}")
 
 
+def block(fields: str) -> Rule:
+    """An object holding `fields`: a bare number where a replay writes a block (`sole_source_share: 0.5`) would
+    otherwise pass unchecked (its fields' rules find nothing to check in a number) and be read as the value."""
+    return Rule("block", lambda v: isinstance(v, dict), f"not an object {{{fields}}}")
+
+
 @dataclass(frozen=True)
 class Field:
     """One field: its path ("a.b.c"; "*" stands for every key of an object or every item of a list), its rule,
@@ -106,6 +112,13 @@ _SPREAD = (
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
+        # decoder/replay.py writes these as objects (an older live summary's share may be a number: not here)
+        Field("sole_source_share", block("value, interval, sole, tokens, definition")),
+        Field("sole_source_share_of_draft", block("value, interval, sole, accepted, definition")),
+        Field("estimate", block("speedup, speedup_interval, engine, ...")),
+        Field("paired_gain", block("versus, tau_ratio, interval, speedup_ratio, speedup_interval")),
+        Field("estimate_by_batch", block("batch size: {speedup, speedup_interval}")),
+        Field("estimate_by_batch.*", block("speedup, speedup_interval")), Field("knn_recall", block("value, ...")),
         *_PASSES,
         # a replay gives tau as {value, interval}; a live run as a number beside tau_interval
         Field("tau", TAU_BLOCK, required=True),

@@ -5,6 +5,8 @@ More commands share the entry point:
   python -m decoder ablations --bench B --model M             the ablation table and ladder, by replay (ablations.py)
   python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
   python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (decoder/vllm/run.py)
+  python -m decoder vllm-check [--k K]                        the OILBIRD_VLLM_* settings checked as the Oilbird proposer
+                                                              reads them in vLLM's engine process: run it before `vllm serve`
 replay and ablations run their arms in worker processes here (--jobs N) or as one Ray task each (--ray
 auto|local:N|ADDRESS; decoder/replay_runs.py), with the same results.
 """
@@ -88,7 +90,30 @@ def main(argv: list[str] | None = None) -> int:
         from decoder.profile import profile_main
 
         return profile_main(argv[1:])
+    if argv and argv[0] == "vllm-check":
+        return vllm_check_main(argv[1:])
     return serve_main(argv)
+
+
+@cli_entry
+def vllm_check_main(argv: list[str]) -> int:
+    """The proposer's settings as its constructor checks them (decoder/vllm/proposer.py proposer_settings), in this
+    process: `vllm serve` with the proposer's dict built by hand runs none of our code before its workers, where a
+    bad OILBIRD_VLLM_* value ends the engine's start in pages of tracebacks."""
+    p = argparse.ArgumentParser(
+        prog="python -m decoder vllm-check",
+        description="Check the OILBIRD_VLLM_* settings the Oilbird proposer (decoder.vllm.proposer.OilbirdProposer) "
+                    "reads in vLLM's engine process, as its constructor does, before `vllm serve` starts one: one "
+                    "line and exit 2 for a bad one, else one OK line. Nothing is written.")
+    p.add_argument("--k", type=int, default=8, help="num_speculative_tokens of the speculative config (default 8)")
+    args = p.parse_args(argv)
+    from decoder.vllm.proposer import proposer_settings
+
+    s, _ = proposer_settings(k=args.k)
+    print(f"OK: the Oilbird proposer's settings hold: arm {s.arm}, k {s.k}, nodes {s.nodes}, index {s.index}, "
+          f"profile {s.profile or 'none (a flat cost)'}, stats {s.stats or 'none'}, log {s.log or 'none'}, "
+          f"store {s.store or 'none'}")
+    return 0
 
 
 @cli_entry

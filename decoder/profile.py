@@ -244,6 +244,64 @@ def _as_grid(xs: Sequence[float]) -> np.ndarray:
     return np.array([xs[0], xs[0] + 1.0]) if len(xs) == 1 else xs
 
 
+# A profile's times are medians of measured runs: a slow run (a busy machine) makes a point larger, never smaller,
+# and on a tiny model a point several times its neighbours' (7.4 ms for no draft node, 1.3 ms for two: measured
+# here, one run a point). So each cost is compared with the cheapest of at least two costs measured below it on
+# the same axis (fewer nodes at the same context, a shorter context at the same nodes, a shorter prompt): one
+# slow point is never the evidence. It is refused under 1/ORDER_FACTOR of them: no timing noise makes a larger
+# forward that much cheaper than two smaller ones, while a sign flipped, a unit or an axis mixed up does.
+ORDER_FACTOR = 3
+
+
+def _seconds(v: float) -> str:
+    return f"{float(v):.4g}"
+
+
+def check_times(contexts: np.ndarray, nodes: np.ndarray, verify: np.ndarray, prefill_lengths: np.ndarray,
+                prefill: np.ndarray, name: str = "verify_s") -> None:
+    """One ValueError line for times that are no measurement: a time that is not positive and finite (every
+    verify_s negated priced "est. speedup 0.08x", zeros 0.88x, a negative prefill_s was clamped to 0), or a
+    cost under 1/ORDER_FACTOR of the cheapest of the two or more below it, or every row's cost at the most nodes
+    under 1/ORDER_FACTOR of its cost at the fewest (the comment above)."""
+    for label, grid in ((name, verify), ("prefill_s", prefill)):
+        bad = np.argwhere(~(np.isfinite(grid) & (grid > 0)))
+        if len(bad):
+            at = tuple(int(i) for i in bad[0])
+            raise ValueError(f"{label}{''.join(f'[{i}]' for i in at)} = {float(grid[at])!r} is not a positive time "
+                             "(seconds, measured)")
+
+    def first_drop(costs: np.ndarray) -> tuple[int, int] | None:  # (index, index of the cheapest one below it)
+        for j in range(2, len(costs)):
+            k = int(np.argmin(costs[:j]))
+            if costs[j] * ORDER_FACTOR < costs[k]:
+                return j, k
+        return None
+
+    for i, c in enumerate(contexts):
+        drop = first_drop(verify[i])
+        if drop:
+            j, k = drop
+            raise ValueError(f"{name} at context {int(c)}: {int(nodes[j])} nodes cost {_seconds(verify[i, j])} s, "
+                             f"less than 1/{ORDER_FACTOR} of the {_seconds(verify[i, k])} s of {int(nodes[k])} nodes")
+    # a whole row falling from its fewest nodes to its most (the grid reversed): a slow point is one row's, not every
+    # row's (each row is measured at its own time)
+    if len(contexts) >= 2 and len(nodes) >= 2 and np.all(verify[:, -1] * ORDER_FACTOR < verify[:, 0]):
+        raise ValueError(f"{name}: at every context, {int(nodes[-1])} nodes cost less than 1/{ORDER_FACTOR} of "
+                         f"{int(nodes[0])} nodes ({_seconds(verify[0, -1])} s against {_seconds(verify[0, 0])} s at "
+                         f"context {int(contexts[0])})")
+    for j, n in enumerate(nodes):
+        drop = first_drop(verify[:, j])
+        if drop:
+            i, k = drop
+            raise ValueError(f"{name} at {int(n)} nodes: context {int(contexts[i])} costs {_seconds(verify[i, j])} s, "
+                             f"less than 1/{ORDER_FACTOR} of the {_seconds(verify[k, j])} s of context {int(contexts[k])}")
+    drop = first_drop(prefill)
+    if drop:
+        i, k = drop
+        raise ValueError(f"prefill_s: {int(prefill_lengths[i])} tokens cost {_seconds(prefill[i])} s, less than "
+                         f"1/{ORDER_FACTOR} of the {_seconds(prefill[k])} s of {int(prefill_lengths[k])} tokens")
+
+
 class CostModel:
     """Seconds of one verification forward, verify_s(nodes, past_len), and of prefill, prefill_s(prompt_len).
 
@@ -272,8 +330,8 @@ class CostModel:
         for name, axis in (("contexts", self.contexts), ("nodes", self.nodes), ("prefill_lengths", self.prefill_lengths)):
             if np.any(np.diff(axis) <= 0):
                 raise ValueError(f"{name} must be strictly increasing")
-        if not (np.all(np.isfinite(self.verify)) and np.all(np.isfinite(self.prefill))):
-            raise ValueError("times must be finite")
+        check_times(self.contexts, self.nodes, self.verify, self.prefill_lengths, self.prefill,
+                    "verify_s" if "batch_size" not in self.meta else f"verify_s_by_batch[{self.meta['batch_size']}]")
         self._floor = float(self.verify.min())
         # one-point axes are made constant by duplicating the point
         self._cx = _as_grid(self.contexts)

@@ -32,8 +32,9 @@ Outputs: runs/<bench>/<model>/replay/<arm>/ (replay-warm/ for the warm pool; wit
 values, one nodes-<N>/ folder per value inside the arm's): cycles.parquet as the live decoder's and
 summary.json (see docs/replay.md). Every summary records `store_fingerprint` (the store it was computed on:
 `replay_is_current` and the reports compare it with the store's current one, data/store/reader.py
-`current_fingerprint`), `store_verified` (false on a store without checksums) and `store_note` (the line
-saying so, printed under the table).
+`current_fingerprint`), `store_verified` (false on a store without checksums), `store_sealed` (false on an
+unsealed meta.json, whose hand edits cannot be caught) and `store_note` (the line saying either, printed under
+the table).
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from data.store.layout import (
     replay_dir,
     store_dir,
 )
+from data.store.meta import unsealed_note
 from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
 from decoder.passes import paired_ratio, pass_statistics
@@ -276,6 +278,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         print(f"note: {context_note}", file=sys.stderr)
     # what makes these results stale when the store changes (reports, --if-missing), and whether its files were checked
     fingerprint, verified, set_info = store.fingerprint, bool(store.verified), set_provenance(store)
+    sealed = bool(store.meta_sealed)
+    store_notes = [n for n, ok in ((UNVERIFIED_NOTE, verified), (unsealed_note(path, "replayed"), sealed)) if not ok]
     if (set_info.get("store_set") or {}).get("note"):
         print(f"note: {set_info['store_set']['note']}", file=sys.stderr)
     if not traces or not any(tr.tokens for tr in traces):
@@ -290,8 +294,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     boot = RequestBootstrap(len(traces), cfg.bootstrap, cfg.seed) if cfg.bootstrap > 0 else None
     base = {
         "kind": "replay", "bench": cfg.bench, "model": meta["model"], "model_fingerprint": meta["model_fingerprint"],
-        "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified,
-        "store_note": None if verified else UNVERIFIED_NOTE, **set_info, "pool": cfg.pool, "limit": cfg.limit,
+        "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified, "store_sealed": sealed,
+        "store_note": "; ".join(store_notes) or None, **set_info, "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
         "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed, "sizing": cfg.sizing,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

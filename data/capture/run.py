@@ -37,6 +37,7 @@ from data.capture.traffic import TrafficChange, note_extension, refuse_changed, 
 from data.errors import OilbirdError
 from data.store.layout import RUNS, SHARD_DIR, shard_name, store_dir
 from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
+from data.store.storeset import folder_stores
 from data.store.writer import StoreWriter, TraceRecord
 from data.versions import library_versions
 
@@ -146,15 +147,25 @@ def set_members(path: Path) -> list[str]:
 
 
 def check_store_folder(path: Path, sharded: bool) -> None:
-    """One folder is one store or one set, never both: a one-store capture into a set's folder would put a
-    meta.json beside its shards, a set's shards into a store's folder would sit inside that store."""
-    members = set_members(path)
-    if not sharded and members:
+    """One folder is one store or one set, never both: a one-store capture into a set's folder (any set:
+    Ray's shards or stores placed by hand, data/store/storeset.py) would put a meta.json beside its members, and
+    the folder would read as that one store; a set's shards into a store's folder would sit inside that store;
+    Ray's shards beside stores placed by hand would mix two splits in one set."""
+    members, stores = set_members(path), [m.name for m in folder_stores(path)]
+    named = ", ".join(stores[:3]) + (", ..." if len(stores) > 3 else "")
+    if not sharded and members and len(members) == len(stores):
         raise OilbirdError(f"{path} holds a store set captured on Ray ({len(members)} shard stores, {members[0]} ...): "
                            "capture it with --ray again (each shard resumes), or pass --out for another folder")
+    if not sharded and stores:
+        raise OilbirdError(f"{path} holds a store set ({len(stores)} stores: {named}): a one-store capture would write "
+                           "a store beside its members, and the folder would then read as that one store; pass --out "
+                           "for another folder")
     if sharded and (path / "meta.json").exists():
         raise OilbirdError(f"{path} holds one trace store, not a store set: --ray writes its shard stores where no "
                            "store is; pass --out for another folder")
+    if sharded and len(stores) > len(members):
+        raise OilbirdError(f"{path} holds a store set of stores not captured with --ray ({named}): --ray writes its "
+                           "shard stores only beside its own; pass --out for another folder")
 
 
 def check_config(cfg: CaptureConfig) -> None:

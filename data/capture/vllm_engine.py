@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from data.capture.vllm_settings import RECORDER_CLASS, RECORDER_FIELDS, read_vllm_settings
+from data.capture.vllm_settings import CLASS_FIELDS, read_vllm_settings
 from data.errors import OilbirdError
 
 VLLM_VERSION = "0.32.0"  # the CPU build the Makefile installs (VLLM_SPEC); a GPU user installs the same version
@@ -77,8 +77,8 @@ def make_llm(cfg: EngineConfig, speculative_config: dict | None = None):
     """The engine (vllm.LLM) with Oilbird's settings and stats on (for its spec-decode counters)."""
     require_vllm()
     check_cpu_head_dim(cfg.model)
-    if speculative_config and speculative_config.get("model") == RECORDER_CLASS:
-        read_vllm_settings(RECORDER_FIELDS)  # its OILBIRD_VLLM_* settings: one line here, not a worker's traceback
+    if (speculative_config or {}).get("model") in CLASS_FIELDS:  # the recorder's or the Oilbird proposer's
+        read_vllm_settings(CLASS_FIELDS[speculative_config["model"]])  # one line here, not a worker's traceback
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.kv_cache_gib))
     from vllm import LLM
 

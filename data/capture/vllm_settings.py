@@ -4,8 +4,8 @@ proposer of decoder/vllm/proposer.py), parsed and checked in one place, `read_vl
 vLLM hands a custom_class proposer nothing but its own config, so the settings reach the engine's child
 process through the environment. A value nobody checked would fail there, in a worker, as 130 lines of
 traceback or as an engine that dies at its first finished request. So the reader is called twice with the
-same rules: by the parent before the engine starts (`speculative_config`, `make_llm` for the recorder), where a
-bad value is one `error: ...` line, and by the proposer's constructor in the worker (which reads the
+same rules: by the parent before the engine starts (`speculative_config`, `make_llm` for either class, `python -m
+decoder vllm-check` before `vllm serve`), where a bad value is one `error: ...` line, and by the proposer's constructor in the worker (which reads the
 environment itself: `vllm serve` never runs our parent code).
 
 Rules (docs/vllm.md has the table):
@@ -37,6 +37,7 @@ from data.store.layout import check_writable
 
 ENV_PREFIX = "OILBIRD_VLLM_"
 RECORDER_CLASS = "data.capture.vllm_capture.RequestRecorder"  # capture by serving's custom_class (vllm_capture.py)
+PROPOSER_CLASS = "decoder.vllm.proposer.OilbirdProposer"  # the Oilbird arms' custom_class (decoder/vllm/proposer.py)
 MAX_NODES = 256  # the tree's node budget in every CLI too (decoder/draft.py imports it): the largest a profile prices
 MAX_K = 256  # draft tokens per row and step: no chain is longer than the largest tree
 MAX_FLUSH = 100_000  # finished requests per store commit; more only delays every commit
@@ -83,6 +84,8 @@ VARIABLES: tuple[Variable, ...] = (
 BY_FIELD = {v.field: v for v in VARIABLES}
 RECORDER_FIELDS = ("log", "store", "store_flush", "bench", "traces", "layer")  # what the recorder alone reads
 PROPOSER_FIELDS = tuple(v.field for v in VARIABLES)  # the Oilbird proposer reads them all
+# what each custom_class reads: checked by whoever builds the engine before vLLM starts its workers (make_llm)
+CLASS_FIELDS = {RECORDER_CLASS: RECORDER_FIELDS, PROPOSER_CLASS: PROPOSER_FIELDS}
 
 
 @dataclass(frozen=True)

@@ -46,6 +46,14 @@ def is_sealed(meta: dict) -> bool:
     return META_SEAL in meta
 
 
+def unsealed_note(store: Path | str, computed: str) -> str:
+    """The note a result computed on an unsealed store carries (the census's `notes`, replay's `store_note`):
+    `computed` says what was done ("computed", "replayed"). `python -m data verify` says the same of the store."""
+    return (f"{computed} on a trace store whose meta.json is unsealed (written before meta.json was sealed), so a "
+            "hand edit of how it was captured (its layer, model, vocab_size) could not be caught; `python -m data "
+            f"migrate {store}` seals it (each member's, for a store set)")
+
+
 def check_seal(meta: dict, meta_path: Path) -> None:
     """Refuse, in one line, a meta.json whose sealed fields were edited after it was written."""
     if META_SEAL not in meta:

@@ -57,6 +57,7 @@ import pyarrow.compute as pc
 
 from data.errors import OilbirdError
 from data.readfile import read_json, regular_file
+from data.results import shown
 from data.store.meta import check_seal, is_sealed
 from data.store.parquetfile import _read_checked
 from data.store.schema import (
@@ -204,11 +205,31 @@ def read_meta(path: Path) -> dict:
                 not isinstance(value, int) or isinstance(value, bool) or value < least):
             raise OilbirdError(f"{meta_path}: `{key}` is {value!r}, not an integer >= {least}; meta.json was edited "
                                "or damaged: restore it from a copy or recapture with --force")
+    for key, (what, ok) in _COMMIT_FIELDS.items():  # not sealed (they change at every commit): checked here
+        if meta.get(key) is not None and not ok(meta[key]):
+            raise OilbirdError(f"{meta_path}: `{key}` is {shown(meta[key])}, not {what}; meta.json was edited or "
+                               "damaged: restore it from a copy or recapture with --force")
     return meta
 
 
 # meta.json counts every reader relies on, and their least value (n_requests and vocab_size may be absent)
 _COUNTS = {"layer": 1, "n_layers": 1, "d_model": 1, "max_new_tokens": 1, "vocab_size": 1, "n_requests": 0}
+
+
+def _count(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v >= 0
+
+
+# meta.json fields a capture's commits write (data/capture/run.py `_Commits`) and an extension reads back: absent
+# or null, else of this shape (what it must be, in words; the test)
+_COMMIT_FIELDS = {
+    "runs": ("a list of objects (one per capture run)",
+             lambda v: isinstance(v, list) and all(isinstance(r, dict) for r in v)),
+    "truncated": ("an object of request id -> the prompt's original length",
+                  lambda v: isinstance(v, dict) and all(_count(n) for n in v.values())),
+    "prompt_tokens_reused": ("a list of counts (or null) per request",
+                             lambda v: isinstance(v, list) and all(n is None or _count(n) for n in v)),
+}
 
 
 def position_parts(path: Path) -> list[Path]:

@@ -100,7 +100,7 @@ def set_members(spec: str | Path) -> list[Path] | None:
         folder = Path(text)
         if not folder.is_dir() or (folder / "meta.json").exists():
             return None
-        subs = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        subs = _subfolders(folder)
         if not subs:
             raise OilbirdError(f"no trace store at {folder}: no meta.json, and no store folders in it (a store set is "
                                "a folder of stores, each a subfolder with meta.json); run `python -m data capture` first")
@@ -116,6 +116,21 @@ def set_members(spec: str | Path) -> list[Path] | None:
             raise OilbirdError(f"store set {text} names the store {key} twice; name each store once")
         seen[key] = m
     return members
+
+
+def _subfolders(folder: Path) -> list[Path]:
+    """A set folder's member candidates: its subfolders but dot-named ones, in name order."""
+    return sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def folder_stores(folder: str | Path) -> list[Path]:
+    """The stores a folder holds as a set (the subfolders `set_members` would read, those with meta.json),
+    never raising: [] for a folder that is one store itself (meta.json), holds no store, or is no folder.
+    What a writer asks before it puts a store there (data/capture/run.py: a folder is one store or one set)."""
+    folder = Path(folder)
+    if not folder.is_dir() or (folder / "meta.json").exists():
+        return []
+    return [m for m in _subfolders(folder) if (m / "meta.json").is_file()]
 
 
 def is_store_set(spec: str | Path) -> bool:

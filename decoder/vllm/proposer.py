@@ -51,7 +51,7 @@ from typing import Any, Mapping, Sequence
 
 from data.capture.vllm_capture import RequestRecorder, Trace
 from data.capture.vllm_rows import RowRequest
-from data.capture.vllm_settings import BY_FIELD, PROPOSER_FIELDS, VllmSettings, read_vllm_settings
+from data.capture.vllm_settings import BY_FIELD, PROPOSER_CLASS, PROPOSER_FIELDS, VllmSettings, read_vllm_settings
 from data.errors import OilbirdError
 from data.store.files import atomic_write_json
 from data.store.schema import prompt_hash
@@ -59,7 +59,7 @@ from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.drafters import make_drafter
 from decoder.pools import PoolSettings, check_index
 
-CLASS_PATH = "decoder.vllm.proposer.OilbirdProposer"
+CLASS_PATH = PROPOSER_CLASS
 OWN_FIELDS = ("arm", "nodes", "index", "stats", "log", "profile")  # what speculative_config puts in the environment
 
 
@@ -135,7 +135,11 @@ class OilbirdProposer(RequestRecorder):
 
     def __init__(self, vllm_config: Any) -> None:
         # the worker reads the environment itself (`vllm serve` runs none of our parent code): the same checks
-        s, cost = proposer_settings(k=int(vllm_config.speculative_config.num_speculative_tokens))
+        try:
+            s, cost = proposer_settings(k=int(vllm_config.speculative_config.num_speculative_tokens))
+        except OilbirdError as e:  # what vLLM shows of its worker's failure: this line, clear on its own
+            raise OilbirdError(f"{e} (the Oilbird proposer, in vLLM's engine process; `python -m decoder vllm-check` "
+                               "checks these settings before serving)") from None
         super().__init__(vllm_config, s)
         vocab = int(vllm_config.model_config.get_vocab_size())
         self.drafter = make_drafter(s.arm, vocab_size=vocab, nodes=s.nodes, chain=self.k,
