@@ -16,6 +16,11 @@ profile measured as `<arm>@batch=B` (sized by that batch's step cost).
 Every arm runs at vLLM's default compilation (dynamo + inductor on a CPU; what vLLM serves with); with --eager
 (`make bench-vllm EAGER=1`) each also runs in eager mode (enforce_eager) in the first --eager-rounds rounds (1),
 right after its compiled run; each row names its mode, and its speedups are over vllm-greedy in the same mode.
+One engine per (arm, round, mode) serves the requests at every batch size in turn, the order alternating by
+round (vLLM compiles at every start: about 100 s for SmolLM2 on 2 cores), so an engine's second batch size runs
+after it has served the first (every arm alike: suffix's tree and Oilbird's pool both remember what the engine
+served; a request never drafts from its own earlier copy, the pool skips its prompt's hash); an Oilbird arm sized
+per batch size (`@batch=B`, by the profile) runs one engine per batch size.
 Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
 prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
 waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round; rows give the
@@ -89,10 +94,13 @@ def agreement(outputs: list[list[int]], traces) -> dict:
             "first_divergence": {"median": float(np.median(first)) if first else None, "positions": first}}
 
 
-def run_one(model_dir: str, prompts: Path, arm: str, batch: int, k: int, max_new: int, nodes: int,
+def run_one(model_dir: str, prompts: Path, arm: str, batch: int | list[int], k: int, max_new: int, nodes: int,
             out: Path, profile: str = "", mode: str = "compiled") -> dict:
+    """One engine (`vllm-run`, its own process) of `arm` serving the prompts at each batch size of `batch` in turn."""
+    batches = [batch] if isinstance(batch, int) else list(batch)
+    batch = ",".join(map(str, batches))
     cmd = [sys.executable, "-m", "decoder", "vllm-run", "--model", model_dir, "--prompts", str(prompts),
-           "--arm", arm, "--batch", str(batch), "--k", str(k), "--max-new", str(max_new), "--nodes", str(nodes),
+           "--arm", arm, "--batch", batch, "--k", str(k), "--max-new", str(max_new), "--nodes", str(nodes),
            "--out", str(out), *(["--profile", profile] if profile else []), *(["--eager"] if mode == "eager" else [])]
     r = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     if r.returncode != 0:
@@ -189,21 +197,30 @@ def main(argv=None) -> int:
         runs: dict[tuple[int, int, str, str], dict] = {}
         for rnd in range(a.rounds):
             modes = ["compiled"] + (["eager"] if a.eager and rnd < a.eager_rounds else [])
-            for batch in batches:
-                order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
-                for arm in order:
-                    for mode in modes:
-                        t0 = time.perf_counter()
-                        r = run_one(model_dir, prompts, run_name(arm, batch), batch, k_of(arm), a.max_new, a.nodes,
-                                    Path(tmp) / f"{arm}-{batch}-{rnd}-{mode}.json", profile, mode)
-                        runs[(rnd, batch, arm, mode)] = r
-                        print(f"round {rnd + 1} batch {batch} {arm} ({mode}): {r['tok_s']} tok/s, "
-                              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-                        summary["rows"] = rows_of(runs, summary["replay"], run_name)
-                        ref = runs.get((0, batches[0], "vllm-greedy", "compiled"))
-                        if ref is not None:
-                            summary["agreement_with_store"] = agreement(ref["outputs"], traces)
-                        atomic_write_json(summary_path, summary)
+            order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
+            sizes = batches if rnd % 2 == 0 else batches[::-1]  # which batch size an engine serves first alternates
+            for arm in order:
+                for mode in modes:
+                    t0 = time.perf_counter()
+                    if arm.startswith("oilbird") and cost is not None and any(b in cost.by_batch for b in sizes[1:]):
+                        # an Oilbird arm sized per batch size: one engine per size (its chains read that size's cost)
+                        got = [run_one(model_dir, prompts, run_name(arm, b), b, k_of(arm), a.max_new, a.nodes,
+                                       Path(tmp) / f"{arm}-{b}-{rnd}-{mode}.json", profile, mode) for b in sizes]
+                        per = {b: r for b, r in zip(sizes, got)}
+                    else:
+                        r = run_one(model_dir, prompts, run_name(arm, sizes[0]), sizes, k_of(arm), a.max_new,
+                                    a.nodes, Path(tmp) / f"{arm}-{rnd}-{mode}.json", profile, mode)
+                        per = {b: {**r, **r["by_batch"][str(b)]} for b in sizes}
+                    for b, r in per.items():
+                        runs[(rnd, b, arm, mode)] = r
+                    print(f"round {rnd + 1} {arm} ({mode}): " + ", ".join(f"batch {b} {per[b]['tok_s']} tok/s"
+                                                                         for b in sizes)
+                          + f", {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                    summary["rows"] = rows_of(runs, summary["replay"], run_name)
+                    ref = runs.get((0, batches[0], "vllm-greedy", "compiled"))
+                    if ref is not None:
+                        summary["agreement_with_store"] = agreement(ref["outputs"], traces)
+                    atomic_write_json(summary_path, summary)
     summary["complete"] = True
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     atomic_write_json(summary_path, summary)

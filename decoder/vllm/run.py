@@ -75,7 +75,7 @@ class Sampling:
     requests: int = 0  # 0: none (the run is greedy only)
     temperature: float = 1.0
     top_p: float = 1.0
-    seed: int = 0  # request i is seeded seed + i: a run is repeatable, every request draws its own tokens
+    seed: int = 0  # request i is seeded seed + i: a run is repeatable, every request draws its own tokens (< 0: none)
     prompt: int = 0  # which of the prompts
     max_new: int = 8
     batch: int = 16  # concurrent sampled requests
@@ -93,8 +93,9 @@ class Sampling:
     def params(self):
         from vllm import SamplingParams
 
-        return [SamplingParams(temperature=self.temperature, top_p=self.top_p, seed=self.seed + i,
-                               max_tokens=self.max_new) for i in range(self.requests)]
+        return [SamplingParams(temperature=self.temperature, top_p=self.top_p,
+                               seed=self.seed + i if self.seed >= 0 else None, max_tokens=self.max_new)
+                for i in range(self.requests)]
 
     def record(self) -> dict:
         return {"requests": self.requests, "temperature": self.temperature, "top_p": self.top_p, "seed": self.seed,
@@ -205,7 +206,7 @@ def vllm_run_main(argv: list[str] | None = None) -> int:
                          "request i seeded --seed + i; their outputs go to the result's 'sampled'")
     ap.add_argument("--temperature", type=float, default=1.0, help="the sampled requests' temperature (default 1.0)")
     ap.add_argument("--top-p", type=float, default=1.0, help="the sampled requests' top_p (default 1.0)")
-    ap.add_argument("--seed", type=int, default=0, help="the first sampled request's seed (default 0)")
+    ap.add_argument("--seed", type=int, default=0, help="the first sampled request's seed (default 0; -1: unseeded)")
     ap.add_argument("--sample-prompt", type=int, default=0, help="which prompt the sampled requests repeat")
     ap.add_argument("--sample-max-new", type=int, default=8, help="new tokens per sampled request (default 8)")
     ap.add_argument("--sample-batch", type=int, default=16, help="concurrent sampled requests (default 16)")
