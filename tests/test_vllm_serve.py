@@ -185,7 +185,6 @@ def served(tiny_llama64, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("serve")
     template = tmp / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
-    t0 = time.monotonic()
     servers = [Server("reference", tiny_llama64, tmp, template, "--arm", "none"),
                Server("oilbird", tiny_llama64, tmp, template, "--arm", "oilbird", "--k", str(K),
                       "--store", str(tmp / "store"), "--store-flush", "1", "--stats", str(tmp / "stats.json"),
@@ -194,12 +193,11 @@ def served(tiny_llama64, tmp_path_factory):
         for s in servers:
             s.wait_ready()
         ref, oil = servers
-        start_s = time.monotonic() - t0
         specs = _specs(10)
         with ThreadPoolExecutor(max_workers=2) as pool:  # both servers at once: the same requests
             want, got = pool.map(lambda s: _serve_all(s, specs), (ref, oil))
         flush = _request(oil, "completion", "flush", False, 1)  # vLLM drops the finished rows at the next step
-        yield {"flush": flush, "tmp": tmp, "ref": ref, "oil": oil, "specs": specs, "want": want, "got": got, "start_s": start_s,
+        yield {"flush": flush, "tmp": tmp, "ref": ref, "oil": oil, "specs": specs, "want": want, "got": got,
                "template": template, "model": tiny_llama64}
     finally:
         for s in servers:
@@ -269,8 +267,8 @@ def test_sigterm_in_flight_leaves_a_whole_store_and_a_restart_pools_it(served):
     # every request the store may hold: the reference's outputs, and the flush request (stored at a later step)
     want = {tuple(r["prompt"]): r for r in _serve_all(ref, specs) + served["want"] + [served["flush"]]}
     before = _stored_count(store)
-    # vLLM's default shutdown (--shutdown-timeout 0) aborts: the engine stops at once and an in-flight stream never
-    # ends; uvicorn waits for its connection, so these clients give up 20 s after their last byte
+    # vLLM's default shutdown (--shutdown-timeout 0) aborts the in-flight requests and stops the engine at once: their
+    # clients get an error, or a stream left open that the HTTP server waits for; these give up 20 s after a silence
     inflight = openai.OpenAI(base_url=oil.url + "/v1", api_key="none", timeout=20, max_retries=0)
     pool = ThreadPoolExecutor(max_workers=len(specs))
     futures = [pool.submit(_request, oil, *s, client=inflight) for s in specs]
@@ -312,11 +310,12 @@ def _launcher(*args: str, env: dict | None = None) -> subprocess.CompletedProces
 def test_the_launcher_checks_every_setting_before_vllm_starts(tiny_llama64, tmp_path):
     """Bad input is one `error:` line and exit 2, before any server; --dry-run prints the exact command."""
     r = _launcher("--model", tiny_llama64, "--dry-run", env={"OILBIRD_VLLM_NODES": "abc"})
-    assert r.returncode == 2 and r.stderr.strip() == ("error: OILBIRD_VLLM_NODES='abc': text, not a whole number; "
-                                                      "allowed: the tree's node budget, a whole number 1..256"), r.stderr
+    assert r.returncode == 2 and r.stderr.strip() == (
+        "error: OILBIRD_VLLM_NODES='abc': text, not a whole number; allowed: the tree's node budget, a whole number "
+        "1..256"), r.stderr
     for bad in (["--arm", "sam"], ["--arm", "none", "--store", str(tmp_path / "s")], ["--port", "0"],
                 ["--stats", str(tmp_path / "no" / "stats.json")], ["--k", "0"], ["--model", str(tmp_path / "none")]):
-        r = _launcher("--model", tiny_llama64, *bad, "--dry-run") if bad[0] != "--model" else _launcher(*bad, "--dry-run")
+        r = _launcher(*([] if bad[0] == "--model" else ["--model", tiny_llama64]), *bad, "--dry-run")
         lines = r.stderr.strip().splitlines()
         assert r.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: "), (bad, r.stderr)
     r = _launcher("--model", tiny_llama64, "--k", "5", "--store", str(tmp_path / "store"), "--eager", "--dry-run",

