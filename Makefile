@@ -51,7 +51,7 @@ REPLAY_ARMS ?= decision
 # The batch sizes the vLLM profile measures (the decision prices each; the harness profile measures batch 1)
 PROFILE_BATCHES ?= 1,8
 
-.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm bench-tps screenshot probe sweep-index sweep-budget ablations grid clean
+.PHONY: install test-floor capture census census-only profile replay reports decode test test-slow bench bench-capture bench-census bench-reports bench-decode bench-oilbird bench-numerics bench-replay bench-replay-live bench-scale bench-draft bench-vllm serve bench-tps screenshot probe sweep-index sweep-budget ablations grid clean
 
 install: $(STAMP)
 
@@ -197,6 +197,26 @@ bench-vllm: $(STAMP)
 		--max-new $(or $(MAX_NEW),256) --batch $(if $(filter command line,$(origin BATCH)),$(BATCH),$(VLLM_BATCH)) --k $(K) \
 		--rounds $(ROUNDS) $(if $(EAGER),--eager) $(ARGS)
 	$(PY) -m reports --runs $(OUT)
+
+# vLLM's OpenAI-compatible server with Oilbird as its proposer (python -m decoder serve; docs/vllm.md, "Serving"):
+# the embedded model on a loopback port by default. ARM=none serves plain vLLM (the reference); STORE=DIR appends
+# every finished request to a trace store, STATS=FILE the proposer's counters; PROFILE defaults to the vLLM profile
+# `make census` measures for MODEL (when it exists; PROFILE_FILE names another), which sizes the chains; EAGER=1 runs
+# vLLM eager; SERVE_ARGS go to vllm serve as they are (e.g. SERVE_ARGS="--max-model-len 4096").
+ARM        ?= oilbird
+HOST       ?= 127.0.0.1
+PORT       ?= 8000
+STORE      ?=
+STATS      ?=
+PROFILE    ?=
+EAGER      ?=
+SERVE_ARGS ?=
+SERVE_PROFILE = $(if $(PROFILE),'$(PROFILE)',"$$(p=$(if $(PROFILE_FILE),'$(PROFILE_FILE)',"$$($(PY) -m decoder profile --model '$(MODEL)' --out '$(OUT)' --engine vllm --print-path)"); if test -f "$$p"; then echo "$$p"; fi)")
+serve: $(STAMP)
+	set -e; profile=$(if $(filter none,$(ARM)),,$(SERVE_PROFILE)); \
+	$(PY) -m decoder serve --model '$(MODEL)' --host '$(HOST)' --port '$(PORT)' --arm '$(ARM)' \
+		$(if $(filter none,$(ARM)),,--k '$(K)') $(if $(STORE),--store '$(STORE)') $(if $(STATS),--stats '$(STATS)') \
+		$${profile:+--profile "$$profile"} $(if $(EAGER),--eager) $(if $(SERVE_ARGS),-- $(SERVE_ARGS))
 
 # tokens per second: the cost-aware trees and chains against ArcticInference and vLLM's suffix on the vLLM profile,
 # a flat profile, calibration and drafting time by pool size (benchmarks/bench_tps.py; after make census)

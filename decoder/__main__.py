@@ -7,6 +7,7 @@ More commands share the entry point:
   python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (decoder/vllm/run.py)
   python -m decoder vllm-check [--k K]                        the OILBIRD_VLLM_* settings checked as the Oilbird proposer
                                                               reads them in vLLM's engine process: run it before `vllm serve`
+  python -m decoder serve [--model M] [--port P] [--arm A] [-- VLLM_ARGS]   vllm serve with Oilbird (decoder/vllm/serve.py)
 replay and ablations run their arms in worker processes here (--jobs N) or as one Ray task each (--ray
 auto|local:N|ADDRESS; decoder/replay_runs.py), with the same results.
 """
@@ -86,6 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         from decoder.vllm.run import vllm_run_main
 
         return vllm_run_main(argv[1:])
+    if argv and argv[0] == "serve":
+        from decoder.vllm.serve import serve_main as vllm_serve_main
+
+        return vllm_serve_main(argv[1:])
     if argv and argv[0] == "profile":
         from decoder.profile import profile_main
 

@@ -9,7 +9,8 @@ What it writes:
   - requests in the order they finish, committed `OILBIRD_VLLM_STORE_FLUSH` (default 8) at a time through
     StoreWriter (atomic parts, checksums, the store lock), the store marked complete after each commit so
     that a census can read it while serving goes on; requests not yet committed when the engine is killed
-    are lost (at most FLUSH - 1; a normal shutdown commits them);
+    are lost (at most FLUSH - 1; an engine that exits commits them at exit, but `vllm serve` SIGKILLs its
+    worker at SIGTERM, so there they are lost: docs/vllm.md, "Serving");
   - a commit that fails while serving (a full disk, the folder removed) raises to the recorder, which logs
     it once and counts it and never lets it reach vLLM; the requests stay pending and go with the next
     commit, at most MAX_PENDING_COMMITS commits' worth (the oldest beyond are dropped, counted in `dropped`);

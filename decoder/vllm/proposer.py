@@ -2,16 +2,16 @@
 
 Turn it on (one line of Python; `vllm serve` takes the same dict as --speculative-config):
 
-    LLM(model, enforce_eager=True, speculative_config=speculative_config("oilbird", k=8))
+    LLM(model, speculative_config=speculative_config("oilbird", k=8))   # vLLM's default compilation; eager works too
 
 `speculative_config(arm, k, nodes=None, index=None)` returns vLLM's dict and puts the arm in the
 environment (OILBIRD_VLLM_ARM, ..._NODES, ..._INDEX), which the engine's child process inherits:
 vLLM passes a custom class nothing but its own config. Every setting (argument or OILBIRD_VLLM_*
 variable) is checked by `proposer_settings` (data/capture/vllm_settings.py's rules) twice: in
 `speculative_config`, before the engine starts, and in the proposer's constructor, in the worker.
-For `vllm serve`:
+For `vllm serve` (`python -m decoder serve` / `make serve` check the settings and run it: decoder/vllm/serve.py):
 
-    OILBIRD_VLLM_ARM=oilbird vllm serve MODEL --enforce-eager \\
+    OILBIRD_VLLM_ARM=oilbird vllm serve MODEL \\
         --speculative-config '{"method": "custom_class", "model": "decoder.vllm.proposer.OilbirdProposer",
                                "num_speculative_tokens": 8}'
 
