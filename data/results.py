@@ -94,6 +94,9 @@ _PASSES = (
     Field("seconds", NONNEG), Field("exact", FLAG),
 )
 
+# The store's sampled requests, as the census and replay record them (data/store/sampling.py sampled_requests).
+_SAMPLED = tuple(Field(f"sampled_requests.{k}", COUNT) for k in ("count", "of", "unknown"))
+
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
         *_PASSES,
@@ -106,7 +109,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("estimate.speedup", POSITIVE, "speedup_interval"), Field("estimate.engine", TEXT),
         Field("estimate.draft_fraction", SHARE), Field("estimate.overhead_fraction", SHARE),
         Field("estimate_by_batch.*.speedup", POSITIVE, "speedup_interval"),
-        Field("knn_recall.value", SHARE),
+        Field("knn_recall.value", SHARE), *_SAMPLED,
     ),
     "live": (
         *_PASSES,
@@ -124,7 +127,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("mechanism.*.value", NUMBER, "bootstrap"), Field("mechanism.*.n", COUNT), Field("mechanism.*.k", COUNT),
         Field("index.gap_recall_exact", SHARE), Field("index.gap_recall_index", SHARE),
         Field("index.knn_recall", SHARE),
-        Field("index.bytes_per_state", NONNEG),
+        Field("index.bytes_per_state", NONNEG), *_SAMPLED,
     ),
     "ablations": tuple(
         f for rows in ("merged", "ablations.*", "headline.*", "ladder.*.rungs.*", "best_lexical")
