@@ -235,13 +235,18 @@ def page(runs: Path) -> str:
     return result_page(result, token_text=id_text("ids"))
 
 
-def test_served_store_records_sampling(tmp_path):
+def test_served_store_records_sampling(tmp_path, capsys):
+    from data.__main__ import main as data_main
+
     path = served_store(tmp_path, "served", [0, 3, 0, 1])
     st = open_store(path)
     assert st.requests["sampling"].to_list() == [ARGMAX, SAMPLED, ARGMAX, SAMPLED]
     assert st.requests["off_argmax"].to_list() == [0, 3, 0, 1]
     assert sampled_requests(st.requests) == {"count": 2, "of": 4, "unknown": 0}
     assert verify_store(path).startswith("OK: ")
+    capsys.readouterr()
+    assert data_main(["show", str(path)]) == 0
+    assert "sampling: argmax 2, sampled 2" in capsys.readouterr().out.splitlines()
 
 
 def test_sampled_store_is_said_by_census_replay_and_report(tmp_path, capsys):
@@ -286,6 +291,8 @@ def test_greedy_capture_records_greedy_and_says_nothing(tmp_path, capsys, storie
 
 def test_store_without_the_columns_reads_and_says_nothing(tmp_path, capsys):
     """A store written before the columns (OPTIONAL_COLUMNS): both read as null, verify passes, nothing is said."""
+    from data.__main__ import main as data_main
+
     runs = tmp_path / "runs"
     path = records_store(runs, "old", [SAMPLED, ARGMAX, SAMPLED, ARGMAX], [2, 0, 1, 0])
     table = pq.read_table(path / "requests.parquet").drop_columns(["sampling", "off_argmax"])
@@ -294,6 +301,9 @@ def test_store_without_the_columns_reads_and_says_nothing(tmp_path, capsys):
     st = open_store(path)
     assert st.requests["sampling"].null_count() == 4 and st.requests["off_argmax"].null_count() == 4
     assert verify_store(path).startswith("OK: ")
+    capsys.readouterr()
+    assert data_main(["show", str(path)]) == 0
+    assert "sampling: not recorded 4" in capsys.readouterr().out.splitlines()
     census, replay, err = census_and_replay(runs, "old", capsys)
     assert census["sampled_requests"] == replay["sampled_requests"] == {"count": 0, "of": 4, "unknown": 4}
     assert "sampled" not in err and 'id="sampled"' not in page(runs)

@@ -52,3 +52,12 @@ def sampled_note(block: dict | None) -> str | None:
     if not isinstance(count, int) or isinstance(count, bool) or count <= 0:
         return None
     return SAMPLED_NOTE.format(count=count, of=of if isinstance(of, int) and not isinstance(of, bool) else "?")
+
+
+def sampling_line(requests) -> str:
+    """`data show`'s line: the requests of each sampling (first seen first), "not recorded" for the null ones."""
+    counts: dict[str, int] = {}
+    for v in (requests["sampling"].to_list() if "sampling" in requests.columns else [None] * requests.height):
+        key = "not recorded" if v is None else v
+        counts[key] = counts.get(key, 0) + 1
+    return "sampling: " + (", ".join(f"{k} {n}" for k, n in counts.items()) or "no requests")
