@@ -36,8 +36,8 @@ from data.capture.teacher import (
 from data.capture.traffic import TrafficChange, note_extension, refuse_changed, traffic_change
 from data.errors import OilbirdError
 from data.store.layout import RUNS, SHARD_DIR, shard_name, store_dir
-from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
 from data.store.sampling import GREEDY, REFERENCE
+from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
 from data.store.writer import StoreWriter, TraceRecord
 from data.versions import library_versions
 
