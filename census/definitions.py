@@ -75,6 +75,16 @@ neighbour_match_len  at the same positions, the longest common prefix of x_t, x_
 
 All cosines are exact (float64 over the stored float16 values); see knn.py for how the float32
 search keeps that exact.
+
+Sampled traces. Every definition above reads the stored tokens as the targets and the stored text as the
+pool, whatever chose them; they hold exactly for what the store holds. For a greedy store that is greedy
+decoding. For sampled requests (requests.parquet `sampling` "sampled": data/store/sampling.py) the figures
+describe the sampled text, the contexts and pool this run drew: an indicator of x_t alone (producible,
+sem_hit, emb_hit, adj_hit: x_t among candidates that the context and pool fix) has as its expectation, given
+them, the probability that a token drawn there falls among the candidates; available and payload_len read
+the drawn future too. None of them says what a greedy verifier would accept there (the greedy text is not in
+the store). The one line the census says about such a store, and what replay estimates over it:
+docs/replay.md, "Sampled traces".
 """
 
 from __future__ import annotations

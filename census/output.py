@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import resource
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -35,6 +36,7 @@ from data.store.files import (
 from data.store.layout import census_dir, model_slug, store_dir
 from data.store.meta import unsealed_note
 from data.store.reader import TraceStore
+from data.store.sampling import sampled_note, sampled_requests
 from data.store.storeset import open_store_or_set, set_provenance
 
 
@@ -158,7 +160,10 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     meta = dict(opened.meta, n_requests=opened.n_requests)  # counted from the rows, not taken from meta.json
     data = CensusInput.from_store(opened).check()
     provenance = store_provenance(opened)
+    sampled = sampled_requests(opened.requests)  # the store's sampled requests, said in one line (docs/replay.md)
     del opened
+    if sampled_note(sampled):
+        print(f"note: {sampled_note(sampled)}", file=sys.stderr)
     t_read = time.perf_counter() - t0
     notes = [] if provenance["store_verified"] else [UNVERIFIED_NOTE]
     if not provenance["store_sealed"]:
@@ -187,6 +192,7 @@ def run_census(bench: str, model: str, cfg: CensusConfig, out: str | Path = "run
     t_summary = time.perf_counter() - t2
     summary["store"] = str(path)
     summary.update(provenance)
+    summary["sampled_requests"] = sampled
     summary["index"] = result.index
     summary["pool_bounds"] = result.pool
     summary["timing"] = {"read_s": round(t_read, 3), "census_s": round(t_census, 3), "summary_s": round(t_summary, 3),

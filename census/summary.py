@@ -46,6 +46,9 @@ run_census adds blocks that are not functions of positions.parquet:
   pool_bounds  store_budget, budget_tokens, bytes_per_token, low_water, mean_pool_tokens (tokens in a
                request's pool, mean over requests), tenants (number of tenants, censused apart)
   timing       read_s, census_s, positions_per_s, parts_s (seconds per part of the work), device
+  sampled_requests  {count, of, unknown}: the store's requests whose tokens were sampled (requests.parquet
+               `sampling`, data/store/sampling.py), of all, and those whose sampling it did not record; a count
+               above 0 is said in one line on stderr (what it means: docs/replay.md, "Sampled traces")
 
 coverage (the universe: available positions; keys exact_suffix = producible, adjacency = adj_hit,
 static_embedding = emb_hit, semantic = sem_hit; a key that was not computed is null and left out

@@ -77,6 +77,7 @@ def _cmd_capture(args) -> int:
 
 
 def _cmd_show(args) -> int:
+    from data.store.sampling import sampling_line
     from data.store.storeset import open_store_or_set
 
     st = open_store_or_set(args.path, load_hidden=False)
@@ -90,6 +91,7 @@ def _cmd_show(args) -> int:
         print(f"store set of {len(store_set['members'])} stores, fingerprint {st.fingerprint}; "
               + (store_set["note"] or "one stream in the order requests finished (finished_at)"))
     print(tenant_line(st.requests["tenant"].to_list()))
+    print(sampling_line(st.requests))  # how the tokens were chosen (data/store/sampling.py)
     if st.verified:
         files = len(st.meta.get("checksums") or {}) or "every member's"  # a set's meta holds no checksums
         print(f"checksums: verified ({files} files); `python -m data verify` checks the values too")

@@ -110,6 +110,9 @@ _SPREAD = (
     Field("profile_spread.ends.*.mean_nodes", NONNEG), Field("profile_spread.ends.*.resized", FLAG),
 )
 
+# The store's sampled requests, as the census and replay record them (data/store/sampling.py sampled_requests).
+_SAMPLED = tuple(Field(f"sampled_requests.{k}", COUNT) for k in ("count", "of", "unknown"))
+
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
         # decoder/replay.py writes these as objects (an older live summary's share may be a number: not here)
@@ -130,7 +133,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("estimate.draft_fraction", SHARE), Field("estimate.overhead_fraction", SHARE),
         Field("estimate_by_batch.*.speedup", POSITIVE, "speedup_interval"),
         Field("knn_recall.value", SHARE),
-        *_SPREAD,
+        *_SPREAD, *_SAMPLED,
     ),
     "live": (
         *_PASSES,
@@ -148,7 +151,7 @@ SCHEMAS: dict[str, tuple[Field, ...]] = {
         Field("mechanism.*.value", NUMBER, "bootstrap"), Field("mechanism.*.n", COUNT), Field("mechanism.*.k", COUNT),
         Field("index.gap_recall_exact", SHARE), Field("index.gap_recall_index", SHARE),
         Field("index.knn_recall", SHARE),
-        Field("index.bytes_per_state", NONNEG),
+        Field("index.bytes_per_state", NONNEG), *_SAMPLED,
     ),
     "ablations": tuple(
         f for rows in ("merged", "ablations.*", "headline.*", "ladder.*.rungs.*", "best_lexical")

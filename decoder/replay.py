@@ -34,7 +34,9 @@ summary.json (see docs/replay.md). Every summary records `store_fingerprint` (th
 `replay_is_current` and the reports compare it with the store's current one, data/store/reader.py
 `current_fingerprint`), `store_verified` (false on a store without checksums), `store_sealed` (false on an
 unsealed meta.json, whose hand edits cannot be caught) and `store_note` (the line saying either, printed under
-the table).
+the table), and `sampled_requests` ({count, of, unknown} of the replayed requests: those whose stored tokens were
+sampled, data/store/sampling.py; a count above 0 is one `note:` line on stderr, and what replay's figures then
+estimate is docs/replay.md, "Sampled traces").
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from data.store.layout import (
     store_dir,
 )
 from data.store.meta import unsealed_note
+from data.store.sampling import sampled_note, sampled_requests
 from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
 from decoder.passes import paired_ratio, pass_statistics
@@ -284,6 +287,9 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
         print(f"note: {set_info['store_set']['note']}", file=sys.stderr)
     if not traces or not any(tr.tokens for tr in traces):
         raise OilbirdError(f"trace store {path} holds no generated tokens to replay")
+    sampled = sampled_requests(store.requests, len(traces))  # of the replayed requests (docs/replay.md)
+    if sampled_note(sampled):
+        print(f"note: {sampled_note(sampled)}", file=sys.stderr)
     del store
     check_budget(budget_tokens, [len(tr.tokens) for tr in traces])
     index_note = check_index_fits(spec, cfg, arms, traces, vocab_size, budget_tokens)
@@ -295,7 +301,8 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     base = {
         "kind": "replay", "bench": cfg.bench, "model": meta["model"], "model_fingerprint": meta["model_fingerprint"],
         "store": str(path), "store_fingerprint": fingerprint, "store_verified": verified, "store_sealed": sealed,
-        "store_note": "; ".join(store_notes) or None, **set_info, "pool": cfg.pool, "limit": cfg.limit,
+        "store_note": "; ".join(store_notes) or None, **set_info, "sampled_requests": sampled,
+        "pool": cfg.pool, "limit": cfg.limit,
         "max_new_tokens": cfg.max_new_tokens or cap, "store_max_new_tokens": cap, "requests": len(traces),
         "bootstrap_draws": cfg.bootstrap, "seed": cfg.seed, "sizing": cfg.sizing,
         "invocation": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

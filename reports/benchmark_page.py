@@ -5,6 +5,7 @@ census only.
 
 from __future__ import annotations
 
+from data.store.sampling import sampled_note
 from decoder.policy import ON_ARM
 from reports import charts
 from reports.arms import as_dict, share_arms, share_text, speed_text, tau_of
@@ -114,6 +115,20 @@ def sole_source_block(result: Result) -> str:
                            caption="Sole-source share: accepted tokens that only the semantic source proposed.")
 
 
+def sampled_line(result: Result, census: Census | None, main_page: bool = True) -> str:
+    """One line beside the decision when the store holds sampled requests (data/store/sampling.py): read from the
+    replay the decision reads (main page), else the census; what it means for the figures is docs/replay.md,
+    "Sampled traces"."""
+    sources = [("replay", a.summary) for a in (result.replay if main_page else [])]
+    sources += [("census", census.summary)] if census else []
+    for name, summary in sources:
+        line = sampled_note(summary.get("sampled_requests"))
+        if line:
+            return (f'<p class="callout neutral" id="sampled"><strong>Sampled requests.</strong> {esc(line)} '
+                    f'(the {name}\'s <code>sampled_requests</code>)</p>')
+    return ""
+
+
 def schema_callout(result: Result, census: Census | None, main_page: bool) -> str:
     """Above every number: the result files of this page that lack a required field or hold an invalid value
     (data/results.py). Those values are shown as n/a, and a verdict that reads such a file cannot decide."""
@@ -148,12 +163,13 @@ def result_page(result: Result, census: Census | None = None, token_text: TokenT
                                                      vllm=main_page)),
              schema_callout(result, census, main_page)]
     if census is None:
-        parts.append(decision_section(result))
+        parts += [sampled_line(result, None), decision_section(result)]
         parts.append(section("census", "Census", not_available(
             f"no census under {result.bench}/{result.model}/ (run `python -m census --bench ...`)")))
         parts += sweep_sections(result)
     else:
-        parts += [headline(result, census), decision_section(result) if main_page else "",
+        parts += [headline(result, census), sampled_line(result, census, main_page),
+                  decision_section(result) if main_page else "",
                   proportions_table(census), mechanism_section(census),
                   coverage_section(census), cliff_section(census), novel_section(census), threshold_section(census),
                   *(sweep_sections(result) if main_page else []),

@@ -97,8 +97,8 @@ def to_format1(path: Path) -> None:
                 nulled = pa.FixedSizeListArray.from_arrays(col.values, col.type.list_size, mask=invalid)
                 table = table.set_column(table.schema.get_field_index(c), table.schema.field(c), nulled)
             table = table.drop_columns([name])
-        if "finished_at" in table.column_names:  # recorded since store sets; format-1 writers never wrote it
-            table = table.drop_columns(["finished_at"])
+        # recorded since store sets (finished_at) and since sampled requests: format-1 writers never wrote them
+        table = table.drop_columns([c for c in ("finished_at", "sampling", "off_argmax") if c in table.column_names])
         pq.write_table(table, f, compression="zstd")
     meta = json.loads((path / "meta.json").read_text())
     meta.pop("store_format", None)

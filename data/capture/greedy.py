@@ -34,6 +34,7 @@ class Generated:
     stop_reason: str
     seconds: float = 0.0
     prompt_tokens_reused: int = 0  # prompt positions whose KV came from an earlier request (not recomputed)
+    off_argmax: int = 0  # tokens that were not the model's top-1 there: 0 greedily (vLLM's recorder counts it)
 
 
 def context_cap(max_new_tokens: int, prompt_len: int, context: int | None) -> int:

@@ -36,6 +36,7 @@ from data.capture.teacher import (
 from data.capture.traffic import TrafficChange, note_extension, refuse_changed, traffic_change
 from data.errors import OilbirdError
 from data.store.layout import RUNS, SHARD_DIR, shard_name, store_dir
+from data.store.sampling import GREEDY, REFERENCE
 from data.store.schema import PROMPT_HASH_SCHEME, prompt_hash
 from data.store.storeset import folder_stores
 from data.store.writer import StoreWriter, TraceRecord
@@ -389,6 +390,7 @@ def _capture_rest(cfg: CaptureConfig, lm: LoadedModel, writer: StoreWriter, comm
     tokens_done, t_start = 0, time.perf_counter()
     finished: dict[int, Generated] = {}  # completed out of order, committed in serving order
     committed, pending = 0, []
+    sampling = REFERENCE if cfg.mode == "reference" else GREEDY  # capture decodes at temperature 0: known
     with _engine_stream(cfg, lm, prompts, refs, max_new, stop_strings, use_prefix) as stream:
         for k, gen in stream:
             finished[k] = gen
@@ -400,7 +402,8 @@ def _capture_rest(cfg: CaptureConfig, lm: LoadedModel, writer: StoreWriter, comm
                     prompt_tokens=prompt, output_tokens=g.tokens, stop_reason=g.stop_reason,
                     seconds=g.seconds, hidden=g.hidden, hidden_valid=g.hidden_valid, topk=g.topk,
                     prompt_last_hidden=g.prompt_last_hidden, prompt_last_topk=g.prompt_last_topk,
-                    tenant=req.tenant))
+                    tenant=req.tenant, sampling=sampling,
+                    off_argmax=None if sampling == REFERENCE else int(g.off_argmax)))
                 if req.id in truncated:
                     commits.truncated[req.id] = truncated[req.id]
                 commits.reused.append(int(g.prompt_tokens_reused))

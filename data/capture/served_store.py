@@ -27,8 +27,12 @@ What it writes:
     the checkpoint once with the harness's loader (data/capture/models.py, bfloat16 on the CPU: the fingerprint is
     dtype-independent), `engine` "vllm-serving", `max_new_tokens` the engine's context (the only cap it
     knows), `data_fingerprint` "served" (no benchmark file behind it).
-The store holds what was served: greedy traces when clients asked for greedy decoding (the proposer cannot
-see a request's sampling parameters; serve greedy traffic into a store meant for the census).
+  - `sampling` and `off_argmax` (data/store/sampling.py): the proposer cannot see a request's sampling parameters
+    (vLLM hands it token ids only), but it sees whether each committed token was the model's top-1 where it was
+    chosen (`Trace.off_argmax`): "sampled" when some were not, "argmax" when all were (consistent with greedy).
+The store holds what was served: greedy traces when clients asked for greedy decoding. A store with sampled
+requests is read as any other; the census, replay and the reports say so in one line (docs/replay.md,
+"Sampled traces").
 """
 
 from __future__ import annotations
@@ -121,11 +125,13 @@ class ServedStore:
 
     def add(self, trace, seconds: float = 0.0) -> None:
         """One finished request; committed with the next `flush_every`."""
+        from data.store.sampling import served_sampling
         from data.store.schema import prompt_hash
         from data.store.writer import TraceRecord
 
         if not len(trace.output):
             return
+        off = int(getattr(trace, "off_argmax", 0) or 0)  # tokens off the top-1 in the steps the recorder saw
         self.serial += 1
         prompt = trace.prompt.tolist()
         valid = trace.hidden_valid.copy()
@@ -137,7 +143,8 @@ class ServedStore:
             hidden=trace.hidden.astype(np.float16), hidden_valid=valid, topk=trace.topk.astype(np.int32),
             prompt_last_hidden=trace.prompt_last_hidden.astype(np.float16),
             prompt_last_topk=np.asarray(trace.prompt_last_topk, np.int32), tenant="",
-            finished_at=time.time()))  # when serving finished it, not when its commit comes (FLUSH later)
+            finished_at=time.time(),  # when serving finished it, not when its commit comes (FLUSH later)
+            sampling=served_sampling(off), off_argmax=off))
         keep = MAX_PENDING_COMMITS * self.flush_every
         if len(self.pending) > keep:  # the store has failed to commit for a while: the oldest go
             self.dropped += len(self.pending) - keep

@@ -297,7 +297,8 @@ def vllm_generations(llm, prompts: list[list[int]], max_new: int, stop_strings: 
             stop = "length" if out.finish_reason == "length" else (
                 "stop_string" if isinstance(out.stop_reason, str) else "eos")
             yield lo + j, Generated(tokens, t.hidden, t.hidden_valid, t.topk, t.prompt_last_hidden,
-                                    t.prompt_last_topk, stop, seconds, int(r.num_cached_tokens or 0))
+                                    t.prompt_last_topk, stop, seconds, int(r.num_cached_tokens or 0),
+                                    off_argmax=int(t.off_argmax))
 
 
 def _first_difference(a: list[int], b: list[int]) -> int:

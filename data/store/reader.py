@@ -9,9 +9,10 @@ Layout of `runs/<bench>/<model>/traces/` (the folder: data/store/layout.py `stor
                      every part, so it is the commit point of a resumable capture. Its column
                      `tenant` (string, "" = the default tenant) is absent from stores written
                      before tenants: readers fill it with "" (OPTIONAL_COLUMNS), and the
-                     checksums, taken over the files' bytes, still hold. Its last column `finished_at`
+                     checksums, taken over the files' bytes, still hold. Its column `finished_at`
                      (float64, Unix seconds of the request's commit) is null in stores written before it
-                     (a store set orders by it: data/store/storeset.py)
+                     (a store set orders by it: data/store/storeset.py); so are its last two, `sampling`
+                     and `off_argmax` (how the tokens were chosen: data/store/sampling.py)
   positions-NNNNN.parquet   one row per generated token (position_schema); a part holds whole
                      requests and is renamed into place before requests.parquet names them
 
@@ -83,7 +84,7 @@ class TraceStore:
     path: Path
     meta: dict
     requests: pl.DataFrame  # request, id, group, prompt_hash, prompt_tokens, output_tokens, stop_reason, seconds,
-    #                         tenant ("" in a store written before tenants)
+    #                         tenant ("" in a store written before tenants), finished_at, sampling, off_argmax
     positions: pl.DataFrame  # request, position, token
     hidden: np.ndarray  # [n_positions, d_model] float16 (zeros where null)
     hidden_valid: np.ndarray  # [n_positions] bool

@@ -61,11 +61,15 @@ def request_schema(d_model: int) -> pa.Schema:
         # Unix seconds when the writer committed the request (data/store/writer.py); null in stores written
         # before it was recorded. A store set orders its members' requests by it (data/store/storeset.py).
         ("finished_at", pa.float64()),
+        # How the request's tokens were chosen (SAMPLINGS, data/store/sampling.py) and how many of them were not the
+        # model's top-1 where they were chosen; null in stores written before they were recorded (unknown).
+        ("sampling", pa.string()),
+        ("off_argmax", pa.int32()),
     ])
 
 
-# Columns a store written by older code may lack: name -> the value every row then takes.
-OPTIONAL_COLUMNS = {"tenant": "", "finished_at": None}
+# Columns a store written by older code may lack: name -> the value every row then takes (in schema order).
+OPTIONAL_COLUMNS = {"tenant": "", "finished_at": None, "sampling": None, "off_argmax": None}
 
 
 def position_schema(d_model: int) -> pa.Schema:

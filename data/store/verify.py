@@ -13,11 +13,30 @@ from data.store.reader import _damaged, _hashes_checked, open_store, position_pa
 STOP_REASONS = ("eos", "stop_string", "length", "reference", "unknown")
 
 
+def _check_sampling(p: Path, req) -> None:
+    """`sampling` is one of SAMPLINGS (or null: unknown), `off_argmax` a count, and the two agree where both are
+    known: "sampled" has some token off the top-1, "argmax" none (data/store/sampling.py; "greedy" is what capture
+    asked for, and a tie at the top may still count one)."""
+    from data.store.sampling import ARGMAX, SAMPLED, SAMPLINGS
+
+    bad = set(req["sampling"].drop_nulls().to_list()) - set(SAMPLINGS)
+    if bad:
+        raise _damaged(p, f"unknown sampling {sorted(bad)[0]!r}")
+    off = req["off_argmax"]
+    if off.drop_nulls().len() and int(off.drop_nulls().min()) < 0:
+        raise _damaged(p, "a request's off_argmax is negative")
+    for value, ok, says in ((SAMPLED, lambda n: n > 0, "none"), (ARGMAX, lambda n: n == 0, "some")):
+        known = [n for s, n in zip(req["sampling"].to_list(), off.to_list()) if s == value and n is not None]
+        if any(not ok(n) for n in known):
+            raise _damaged(p, f"a request's sampling is {value!r} but its off_argmax counts {says} of its tokens "
+                              "off the model's top-1")
+
+
 def verify_store(path: str | Path) -> str:
     """The full check behind `python -m data verify`: everything open_store checks (checksums,
     schema, row counts, prompt hashes), then the values: states finite, token and top-k ids inside
-    the vocabulary, stop reasons known, ids unique. Returns the OK line (which says whether meta.json is
-    sealed: data/store/meta.py); raises on the first problem."""
+    the vocabulary, stop reasons known, ids unique, the sampling columns consistent. Returns the OK line (which
+    says whether meta.json is sealed: data/store/meta.py); raises on the first problem."""
     st = open_store(path)
     p = st.path
     meta = st.meta
@@ -41,6 +60,7 @@ def verify_store(path: str | Path) -> str:
         raise _damaged(p, f"unknown stop reason {sorted(bad)[0]!r}")
     if req["id"].n_unique() != st.n_requests:
         raise _damaged(p, "request ids repeat")
+    _check_sampling(p, req)
     reused = meta.get("prompt_tokens_reused")  # per request; absent in stores captured before it was recorded
     if reused is not None:
         if not isinstance(reused, list) or len(reused) != st.n_requests:

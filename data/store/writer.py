@@ -77,6 +77,8 @@ class TraceRecord:
     prompt_last_topk: np.ndarray  # [8]
     tenant: str = ""  # the request's tenant ("" = the default one)
     finished_at: float | None = None  # Unix seconds it finished; None: the writer stamps its commit time
+    sampling: str | None = None  # how its tokens were chosen (data/store/sampling.py SAMPLINGS); None: unknown
+    off_argmax: int | None = None  # its tokens that were not the model's top-1 there; None: unknown
 
 
 def records_to_tables(records: list[TraceRecord], d_model: int,
@@ -100,6 +102,8 @@ def records_to_tables(records: list[TraceRecord], d_model: int,
         pa.array([str(r.tenant) for r in records], pa.string()),
         pa.array(np.ones(n, bool), pa.bool_()),  # every record has its prompt's state
         pa.array([committed_at if r.finished_at is None else float(r.finished_at) for r in records], pa.float64()),
+        pa.array([None if r.sampling is None else str(r.sampling) for r in records], pa.string()),
+        pa.array([None if r.off_argmax is None else int(r.off_argmax) for r in records], pa.int32()),
     ], schema=request_schema(d_model))
     lens = [len(r.output_tokens) for r in records]
     total = int(sum(lens))
