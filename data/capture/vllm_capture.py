@@ -47,7 +47,8 @@ class RequestRecorder:
         self.k = int(vllm_config.speculative_config.num_speculative_tokens)
         self.max_len = int(vllm_config.model_config.max_model_len)
         # the most tokens one step feeds (the taps' buffer): vLLM's scheduler budget
-        self.max_tokens = int(getattr(vllm_config.scheduler_config, "max_num_batched_tokens", 0) or 8192)
+        scheduler = getattr(vllm_config, "scheduler_config", None)
+        self.max_tokens = int(getattr(scheduler, "max_num_batched_tokens", 0) or 8192)
         self.traces_dir = self.settings.traces
         self.vllm_config = vllm_config
         self.store = None  # data.capture.served_store.ServedStore when OILBIRD_VLLM_STORE is set (made in load_model)
