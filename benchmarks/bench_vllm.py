@@ -16,11 +16,10 @@ profile measured as `<arm>@batch=B` (sized by that batch's step cost).
 Every arm runs at vLLM's default compilation (dynamo + inductor on a CPU; what vLLM serves with); with --eager
 (`make bench-vllm EAGER=1`) each also runs in eager mode (enforce_eager) in the first --eager-rounds rounds (1),
 right after its compiled run; each row names its mode, and its speedups are over vllm-greedy in the same mode.
-One engine per (arm, round, mode) serves the requests at every batch size in turn, the order alternating by
-round (vLLM compiles at every start: about 100 s for SmolLM2 on 2 cores), so an engine's second batch size runs
-after it has served the first (every arm alike: suffix's tree and Oilbird's pool both remember what the engine
-served; a request never drafts from its own earlier copy, the pool skips its prompt's hash); an Oilbird arm sized
-per batch size (`@batch=B`, by the profile) runs one engine per batch size.
+One engine per (arm, batch size, round, mode), each in a fresh process: an engine that had served the requests
+once would serve them again with their prefills in its prefix cache and, for `suffix`, their own earlier answers
+in its response tree (measured: `suffix` at batch 1 ran 150 tok/s after the same engine had served them at batch
+8, 58 tok/s fresh), so no engine serves two batch sizes.
 Requests: the first LIMIT of the store (`runs/<bench>/<model>/traces`, captured first when missing), their
 prompts as the store's token ids, greedy, at most MAX_NEW new tokens. Per batch size B the requests run in
 waves of B. Per round, every (batch, arm) pair runs once, the arms' order rotated each round; rows give the
@@ -197,30 +196,24 @@ def main(argv=None) -> int:
         runs: dict[tuple[int, int, str, str], dict] = {}
         for rnd in range(a.rounds):
             modes = ["compiled"] + (["eager"] if a.eager and rnd < a.eager_rounds else [])
-            order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
-            sizes = batches if rnd % 2 == 0 else batches[::-1]  # which batch size an engine serves first alternates
-            for arm in order:
-                for mode in modes:
-                    t0 = time.perf_counter()
-                    if arm.startswith("oilbird") and cost is not None and any(b in cost.by_batch for b in sizes[1:]):
-                        # an Oilbird arm sized per batch size: one engine per size (its chains read that size's cost)
-                        got = [run_one(model_dir, prompts, run_name(arm, b), b, k_of(arm), a.max_new, a.nodes,
-                                       Path(tmp) / f"{arm}-{b}-{rnd}-{mode}.json", profile, mode) for b in sizes]
-                        per = {b: r for b, r in zip(sizes, got)}
-                    else:
-                        r = run_one(model_dir, prompts, run_name(arm, sizes[0]), sizes, k_of(arm), a.max_new,
-                                    a.nodes, Path(tmp) / f"{arm}-{rnd}-{mode}.json", profile, mode)
-                        per = {b: {**r, **r["by_batch"][str(b)]} for b in sizes}
-                    for b, r in per.items():
-                        runs[(rnd, b, arm, mode)] = r
-                    print(f"round {rnd + 1} {arm} ({mode}): " + ", ".join(f"batch {b} {per[b]['tok_s']} tok/s"
-                                                                         for b in sizes)
-                          + f", {time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
-                    summary["rows"] = rows_of(runs, summary["replay"], run_name)
-                    ref = runs.get((0, batches[0], "vllm-greedy", "compiled"))
-                    if ref is not None:
-                        summary["agreement_with_store"] = agreement(ref["outputs"], traces)
-                    atomic_write_json(summary_path, summary)
+            for batch in batches:
+                order = arms[rnd % len(arms):] + arms[:rnd % len(arms)]
+                for arm in order:
+                    for mode in modes:
+                        t0 = time.perf_counter()
+                        r = run_one(model_dir, prompts, run_name(arm, batch), batch, k_of(arm), a.max_new, a.nodes,
+                                    Path(tmp) / f"{arm}-{batch}-{rnd}-{mode}.json", profile, mode)
+                        runs[(rnd, batch, arm, mode)] = r
+                        print(f"round {rnd + 1} batch {batch} {arm} ({mode}): {r['tok_s']} tok/s, "
+                              f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                        summary["rows"] = rows_of(runs, summary["replay"], run_name)
+                        summary["runs"] = [{"round": q + 1, "batch": b, "arm": x, "mode": m, "tok_s": v["tok_s"],
+                                            "wall_s": v["wall_s"], "load_s": v["load_s"]}
+                                           for (q, b, x, m), v in sorted(runs.items())]
+                        ref = runs.get((0, batches[0], "vllm-greedy", "compiled"))
+                        if ref is not None:
+                            summary["agreement_with_store"] = agreement(ref["outputs"], traces)
+                        atomic_write_json(summary_path, summary)
     summary["complete"] = True
     summary["finished"] = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
     atomic_write_json(summary_path, summary)
