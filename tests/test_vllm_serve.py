@@ -289,8 +289,9 @@ def test_sigterm_in_flight_leaves_a_whole_store_and_a_restart_pools_it(served):
         assert tuple(t.prompt) in want, "a stored request nobody sent"
         assert _is_reference(list(t.tokens), want[tuple(t.prompt)]), "a half-written request in the store"
     # the restart: the same store; it pools what is there and serves on
+    # (eager: what this pins is the store's restart; the compiled servers are the fixture's)
     again = Server("restarted", served["model"], tmp, served["template"], "--arm", "oilbird", "--k", str(K),
-                   "--store", str(store), "--log", str(tmp / "restarted.log"))
+                   "--store", str(store), "--log", str(tmp / "restarted.log"), "--eager")
     try:
         again.wait_ready()
         log = (tmp / "restarted.log").read_text()
