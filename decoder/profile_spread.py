@@ -50,9 +50,9 @@ def _remeasure(cost) -> str:
 
 def spread_ends(cost) -> tuple[dict | None, str | None]:
     """({"fast": CostModel, "slow": CostModel}, None) for a profile that kept its spread, else (None, the line
-    saying why it is unknown). A spread that is not one is an OilbirdError naming the file."""
-    from decoder.profile import CostModel
-
+    saying why it is unknown). A spread that is not one is an OilbirdError naming the file. The ends are
+    built as `cost`'s own class (decoder/profile.py's CostModel): this module imports none of decoder/profile.py,
+    which imports it."""
     meta = cost.meta
     name = meta.get("path") or "the profile"
     present = [k for k in SPREAD_KEYS if meta.get(k) is not None]
@@ -84,7 +84,7 @@ def spread_ends(cost) -> tuple[dict | None, str | None]:
     if isinstance(reps, int) and not isinstance(reps, bool) and reps < 2:
         return None, f"spread unknown: {name} timed each point once (--reps {reps}); {_remeasure(cost)}"
     base = {k: v for k, v in meta.items() if k not in SPREAD_KEYS}
-    return {end: CostModel(cost.contexts, cost.nodes, grid, cost.prefill_lengths, cost.prefill,
+    return {end: type(cost)(cost.contexts, cost.nodes, grid, cost.prefill_lengths, cost.prefill,
                            {**base, "spread_end": end}) for end, grid in grids.items()}, None
 
 
