@@ -171,15 +171,23 @@ def test_compiled_states_equal_eager_states(served):
     tmp = served["_tmp"]
     compiled = load_traces(open_store(tmp / "store"), None, None)
     eager = load_traces(open_store(tmp / "store-eager"), None, None)
-    by_text = {}
+    by_prompt: dict[tuple, list] = {}
     for t in compiled:
-        by_text.setdefault((tuple(t.prompt), tuple(t.tokens)), t)
+        by_prompt.setdefault(tuple(t.prompt), []).append(t)
     compared = positions = 0
     for e in eager:
-        c = by_text.get((tuple(e.prompt), tuple(e.tokens)))
-        if c is None:
+        if e.prompt not in _prompts() or len(e.tokens) <= 8:  # the warm-up and vllm-run's last short request
             continue
-        n = len(e.tokens) - 1  # the last token's row is never computed
+        # Both are greedy, so the same tokens up to max_tokens; past it a trace keeps the last step's accepted
+        # drafts, which depend on what each engine drafted (a CI run matched 6 of 8 on the whole token list).
+        # Compare over the common prefix: the same context, so the same states.
+        def common(c):
+            return next((i for i, (x, y) in enumerate(zip(c.tokens, e.tokens)) if x != y),
+                        min(len(c.tokens), len(e.tokens)))
+        c = max(by_prompt.get(tuple(e.prompt), []), key=common, default=None)
+        assert c is not None, e.prompt[:4]
+        n = common(c) - 1  # the last common token's row may be the one a trace never computes
+        assert n >= 39, (e.prompt[:4], n)  # at least the 40 tokens vllm-run asked for, one not computed
         a, b = c.hidden[:n].astype(np.float64), e.hidden[:n].astype(np.float64)
         cos = (a * b).sum(1) / np.linalg.norm(a, axis=1) / np.linalg.norm(b, axis=1)
         assert cos.min() >= 0.9999, (e.prompt[:4], float(cos.min()))
@@ -188,7 +196,7 @@ def test_compiled_states_equal_eager_states(served):
         assert fa @ fb / np.linalg.norm(fa) / np.linalg.norm(fb) >= 0.9999 and (c.first_topk == e.first_topk).all()
         compared += 1
         positions += n
-    assert compared >= 8 and positions > 8 * 30
+    assert compared >= 8 and positions >= 8 * 39
 
 
 def _chi2_homogeneity(a: list[int], b: list[int], min_expected: float = 5.0) -> tuple[float, int, float]:
