@@ -210,6 +210,12 @@ def serve_main(argv: list[str] | None = None) -> int:
                         "tokens/s and speedups are medians over the rounds with [min, max], the rest from round 1 "
                         "(default 1; the speed benches use 3)")
     p.add_argument("--no-compile", action="store_true", help="ar-static without torch.compile (static cache, eager)")
+    p.add_argument("--verifier", default="auto", choices=("auto", "graph", "eager"),
+                   help="how drafter arms verify: graph (fixed shapes, compiled per row bucket in the warm-up), eager, "
+                        "or auto (graph on a GPU, eager on a CPU; default)")
+    p.add_argument("--profile", default="auto", metavar="PATH|auto|flat",
+                   help="what sizes the cost-aware arms' trees: auto (this machine's harness profile, measured once "
+                        "and cached under OUT/profiles; default), flat (every candidate verified) or a profile file")
     p.add_argument("--max-line-bytes", default=None, metavar="N", help=MAX_LINE_HELP)
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
@@ -225,7 +231,8 @@ def serve_main(argv: list[str] | None = None) -> int:
                        max_new_tokens=args.max_new_tokens, out=args.out, warm_from=args.warm_from,
                        dtype=args.dtype, device=args.device, progress=not args.quiet, index=args.index,
                        store_budget=args.store_budget, index_train_size=args.index_train, rounds=args.rounds,
-                       static_compile=False if args.no_compile else None)
+                       static_compile=False if args.no_compile else None, verifier=args.verifier,
+                       profile=args.profile)
     with line_bound(args.max_line_bytes):
         summaries = run_decode(cfg)
     print(format_table(summaries))

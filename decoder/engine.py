@@ -111,7 +111,7 @@ def prefill(model: torch.nn.Module, cache, prompt: Sequence[int]) -> None:
 class TreeForward:
     """What one verify forward returns (row 0 = the anchor, row 1 + i = node i)."""
 
-    logits: torch.Tensor  # [N+1, V] float32
+    logits: torch.Tensor | None  # [N+1, V] float32 (None: the graph verifier reads back no logits)
     argmax: np.ndarray  # [N+1]
     topk: np.ndarray  # [N+1, 8]
     topk_logits: np.ndarray  # [N+1, 8] float32, the logits of `topk`
@@ -179,6 +179,10 @@ class ModelVerifier:
         self.cache = _new_cache()
         prefill(self.lm.model, self.cache, prompt)
         self.tap.output = None  # the prefill's states are not needed
+        self.begin(prompt)
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """The request's bookkeeping, reset (every live verifier's start ends here)."""
         self.request_stop = self.stop.within(self.lm.context, len(prompt))
         self.stop_reason = None
         self.output: list[int] = []
@@ -193,6 +197,12 @@ class ModelVerifier:
         past_len = len(context) - 1  # the cache holds the context but its last token (the anchor)
         fwd = verify_tree(self.lm.model, self.cache, past_len, context[-1], draft.tokens, draft.parents, self.tap)
         accepted, bonus = greedy_accept(draft.tokens, draft.parents, fwd.argmax)
+        self._past_len = past_len
+        return self.record(draft, accepted, bonus, fwd)
+
+    def record(self, draft: Draft, accepted: list[int], bonus: int, fwd: TreeForward) -> VerifyResult:
+        """Commit a verified pass (the stop rule, token by token) and keep what the Generation carries: the
+        fed tokens' states and top-8, the audit's evidence. Shared by every live verifier (eager and graph)."""
         rows = [0] + [1 + i for i in accepted]  # the anchor and the accepted nodes: the kept KV rows
         if self.output:
             self.states.append(fwd.hidden[0])
@@ -205,7 +215,7 @@ class ModelVerifier:
         kept, self.stop_reason = self.request_stop.commit(self.output, new)
         self.chosen_ids.extend(fwd.topk[rows[:kept]])  # row j chose new[j]
         self.chosen_logits.extend(fwd.topk_logits[rows[:kept]])
-        self._past_len, self._rows = past_len, rows
+        self._rows = rows
         return VerifyResult(draft=draft, accepted_nodes=accepted, bonus=bonus, committed=new[:kept],
                             argmax=fwd.argmax, topk=fwd.topk, hidden=fwd.hidden)
 

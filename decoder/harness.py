@@ -98,7 +98,7 @@ from decoder.engine import (
     stop_rule,
     verify_tree,
 )
-from decoder.loop import Cycle, Generation, serve_requests
+from decoder.loop import Cycle, Generation, serve_requests, speculate
 from decoder.passes import SEMANTIC_SOURCE, pass_statistics
 from decoder.pools import (
     PoolSettings,
@@ -110,6 +110,8 @@ from decoder.pools import (
     warmup_note,
 )
 from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
+from decoder.cost.live import check_profile_spec, resolve_live_profile
+from decoder.verify.graph import GraphVerifier, capacity_for, check_verifier, resolve_verifier
 
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in
@@ -139,12 +141,21 @@ class DecodeConfig:
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     rounds: int = 1  # --rounds: every arm serves the benchmark this many times, the order rotated each round
     static_compile: bool | None = None  # ar-static: None = compile (decoder/reference.py), False = --no-compile
+    # --verifier: graph (decoder/verify/graph.py: fixed shapes, compiled), eager (ModelVerifier) or auto (graph on a
+    # GPU, eager on a CPU)
+    verifier: str = "auto"
+    # --profile: what sizes the cost-aware arms' trees (decoder/cost/live.py): auto (this machine's harness profile,
+    # measured once and cached), flat (the whole candidate tree) or a profile file. The library default is flat, so
+    # that a run's trees do not depend on timing; `python -m decoder` defaults to auto.
+    profile: str = "flat"
+    step_cost: object = None  # the profile's CostModel, resolved by prepare_serving (None: flat)
 
     def shared(self, device: torch.device | str = "cpu") -> dict:
         """Config fields every arm with a semantic pool takes (make_drafter's `shared`), the key's states on
         the model's `device` when it is a GPU (decoder/pools.py PoolSettings)."""
-        return PoolSettings(self.index, None, self.knn_recall_every, self.index_train_size,
-                            key_device(device)).shared()
+        shared = PoolSettings(self.index, None, self.knn_recall_every, self.index_train_size,
+                              key_device(device)).shared()
+        return {**shared, "step_cost": self.step_cost} if self.step_cost is not None else shared
 
 
 def library_factory(name: str) -> ArmFactory:
@@ -226,10 +237,11 @@ class ArmRun:
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
               factory: ArmFactory | None, warm_pool, progress_desc: str, tenants: list[str] | None = None,
-              budget_tokens: int | None = None, static: StaticGreedy | None = None) -> ArmRun:
+              budget_tokens: int | None = None, static: StaticGreedy | None = None, graph=None) -> ArmRun:
     """Serve every prompt in order with the arm through the one request runner (decoder/loop.py
     `serve_requests`): one drafter per tenant (decoder/pools.py), `ar` with none, `ar-static` through
-    `static` (transformers' generate, decoder/reference.py)."""
+    `static` (transformers' generate, decoder/reference.py); a drafter arm verifies with `graph` (the graph
+    verifier, decoder/verify/graph.py) when given, else eagerly."""
     from tqdm import tqdm
 
     tenants = tenants or [""] * len(prompts)
@@ -240,7 +252,7 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         pools.add_warm(warm_pool)  # a warm trace feeds its own tenant's drafter only
         warm_s = time.perf_counter() - t0
     bar = tqdm(total=len(prompts), unit="req", desc=progress_desc, disable=not cfg.progress, dynamic_ncols=True)
-    tap = LayerTap(lm.model, lm.layer) if pools is not None else None
+    tap = LayerTap(lm.model, lm.layer) if pools is not None and graph is None else None
     totals = {"tokens": 0, "passes": 0, "seconds": 0.0}
 
     def decode(r: int, drafter: Drafter | None) -> Generation:
@@ -250,6 +262,9 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
             return static.decode(prompts[r])
         if drafter is None:
             return decode_greedy(lm, prompts[r], stop)
+        if graph is not None:
+            graph.stop = stop
+            return graph.generation(speculate(drafter, graph, prompts[r], cfg.nodes))
         return decode_speculative(lm, tap, prompts[r], drafter, stop, cfg.nodes)
 
     def show(g: Generation, pool_s: float) -> None:
@@ -424,6 +439,7 @@ class Serving:
     warm_pool: list
     budget_tokens: int | None
     static: StaticGreedy | None  # ar-static, built and warmed (compiled) once; None when it does not run
+    graph: object  # the graph verifier (decoder/verify/graph.py), compiled once for every drafter arm; None: eager
     base: dict  # the fields every arm's summary.json shares
     out_dir: Path
 
@@ -451,6 +467,8 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         raise OilbirdError(nodes_error(cfg.nodes))
     if cfg.rounds < 1:
         raise OilbirdError(f"--rounds must be at least 1 (got {cfg.rounds})")
+    check_verifier(cfg.verifier)
+    check_profile_spec(cfg.profile)
     info = get_benchmark(cfg.bench)
     factories = {**library_drafters(), **(extra_arms or {})}
     arms, added = resolve_arms(tuple(cfg.arms), factories)
@@ -478,6 +496,16 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
     check_context(lm, requests, prompts, max_new)
     warm_up(lm, prompts[0])
+    cost, _, sizing = resolve_live_profile(cfg.profile, lm, [len(p) for p in prompts], max_new, cfg.nodes, cfg.out,
+                                           cfg.progress)
+    cfg.step_cost = cost
+    graph = None
+    verifier = resolve_verifier(cfg.verifier, lm.device)
+    if verifier == "graph" and any(a not in (REFERENCE_ARM, STATIC_ARM) for a in arms):
+        graph = GraphVerifier(lm, stop, cfg.nodes, capacity_for(max(len(p) for p in prompts) + max_new + 2 * cfg.nodes))
+        print(f"note: --verifier graph: compiling the verify forward for {len(graph.buckets)} row buckets "
+              f"({','.join(map(str, graph.buckets))}; untimed, minutes on a CPU)", file=sys.stderr)
+        graph.warm_up()
     static = None
     if STATIC_ARM in arms:  # built and warmed (compiled) once, before any timing
         static = StaticGreedy(lm, stop, max(len(p) for p in prompts), cfg.static_compile)
@@ -498,8 +526,9 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         "versions": library_versions(),
         # round r starts at arm r mod n: round 1 at ar
         "rounds": cfg.rounds, "round_order": [arms[r % n:] + arms[:r % n] for r in range(cfg.rounds)],
+        "sizing": sizing, "verifier_kind": verifier,
     }
-    return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, base,
+    return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, graph, base,
                    out_dir), lm
 
 
@@ -514,7 +543,7 @@ def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
         for k, name in enumerate(order):
             run = serve_arm(name, lm, sv.prompts, cfg, sv.stop, sv.factories.get(name), sv.warm_pool,
                             f"{name} (round {r + 1}/{rounds}, {k + 1}/{n})", sv.tenants, sv.budget_tokens,
-                            sv.static if name == STATIC_ARM else None)
+                            sv.static if name == STATIC_ARM else None, sv.graph)
             speeds[name].append(tokens_per_s(run))
             if r == 0:
                 first[name] = run
@@ -532,11 +561,25 @@ def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
     return first, speeds, differ
 
 
+def verifier_block(name: str, sv: Serving) -> dict:
+    """summary.json's `verifier`: how the arm's passes were verified (ar: one eager forward a token; ar-static:
+    transformers' generate; a drafter arm: the graph verifier's counters, or eager)."""
+    if name == REFERENCE_ARM:
+        return {"kind": "eager-greedy"}
+    if name == STATIC_ARM:
+        return {"kind": "generate-static"}
+    return sv.graph.describe() if sv.graph is not None else {"kind": "eager"}
+
+
 def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
                extra_arms: dict[str, ArmFactory] | None = None) -> dict[str, dict]:
     """Serve the benchmark with every arm; returns {arm: summary} (also written under decode/<arm>/)."""
     sv, lm = prepare_serving(cfg, lm, extra_arms)
-    first, speeds, differ = serve_rounds(cfg, lm, sv)
+    try:
+        first, speeds, differ = serve_rounds(cfg, lm, sv)
+    finally:
+        if sv.graph is not None:
+            sv.graph.close()
     reference = first[REFERENCE_ARM]
     ids = [r.id for r in sv.requests]
     summaries: dict[str, dict] = {}
@@ -547,6 +590,7 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         summary.update({"rounds_identical": not differ[name], "round_mismatches": differ[name]})
         if name == STATIC_ARM:
             summary.update(sv.static.summary())
+        summary["verifier"] = verifier_block(name, sv)
         write_folder(sv.out_dir / component(name, "arm"), {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                          "requests.parquet": requests_table(run, sv.requests, sv.prompts),
                                          "summary.json": summary})

@@ -1,0 +1,99 @@
+"""The live decoder's verification cost (`python -m decoder --profile PATH|auto|flat`): what sizes the cost-aware
+arms' trees (size auto, decoder/sizing.py) when the harness itself decodes.
+
+  flat   every node costs the same: the whole candidate tree is verified (the fixed budget's tree);
+  auto   (the default) this machine's harness profile for the model, device and dtype (decoder/profile.py
+         `measure_profile`, the verify forward the eager verifier runs), read from runs/profiles/<model>-<device>.json
+         when it covers the run, else measured once before any timing, with the loaded model, and written there;
+  PATH   a harness profile file; one measured for another model, dtype or device, or by vLLM, is refused.
+
+A tree grows only where a node pays on the machine that runs it: at context 300 on this CPU a 60-node verify
+costs about 5x a 0-node one, so a flat cost verified trees that made the decoder slower than greedy on gsm8k.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+
+from data.errors import OilbirdError
+
+PROFILES = ("auto", "flat")  # besides a path
+LIVE_REPS = 3
+
+
+def live_contexts(prompt_lens: Sequence[int], max_new: int, points: int = 4) -> list[int]:
+    """Context lengths the run's passes see: from the shortest prompt to the longest prompt plus the cap, at
+    `points` quantiles, rounded up to 16 (the profile's grid; CostModel clamps between its ends)."""
+    lo, hi = min(prompt_lens), max(prompt_lens) + max_new
+    qs = np.quantile(np.array([lo, *prompt_lens, hi]), np.linspace(0, 1, points))
+    return sorted({int(16 * np.ceil(max(q, 1) / 16)) for q in qs})
+
+
+def live_nodes(nodes: int) -> list[int]:
+    from decoder.profile import DEFAULT_NODES
+
+    return sorted({n for n in DEFAULT_NODES if n <= nodes} | {0, nodes})
+
+
+def _fits(cost, lm, contexts: Sequence[int], nodes: int) -> str | None:
+    """Why a profile cannot size this run (another model, dtype, device or engine; a range short of the run's);
+    None when it can."""
+    meta = cost.meta
+    if meta.get("engine", "harness") != "harness":
+        return f"was measured by {meta.get('engine')}, not this package's harness"
+    if meta.get("model_fingerprint") != lm.fingerprint:
+        return f"is {meta.get('model')}'s, not {lm.name}'s"
+    if meta.get("dtype") != str(lm.dtype).removeprefix("torch.") or meta.get("device") != lm.device.type:
+        return f"was measured in {meta.get('dtype')} on {meta.get('device')}"
+    if cost.nodes_range()[1] < nodes:
+        return f"was measured up to {cost.nodes_range()[1]} draft nodes, not {nodes}"
+    if cost.contexts_range()[1] < max(contexts):
+        return f"was measured at contexts up to {cost.contexts_range()[1]}, not {max(contexts)}"
+    return None
+
+
+def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int, nodes: int, out: str,
+                         progress: bool = True):
+    """(CostModel or None for flat, the path it came from or None, what summary.json says sizes the drafts)."""
+    from data.store.files import atomic_write_json
+    from decoder.costmodel import CostModel
+    from decoder.profile import measure_profile, profile_path
+
+    if spec == "flat":
+        return None, None, "flat"
+    contexts = live_contexts(prompt_lens, max_new)
+    if spec != "auto":
+        path = Path(spec)
+        cost = CostModel.load(path)
+        why = _fits(cost, lm, contexts, nodes)
+        if why:
+            raise OilbirdError(f"--profile {path}: the profile {why}; measure one with `python -m decoder profile "
+                               f"--engine harness --model {lm.name}` or give --profile auto")
+        return cost, path, f"harness profile {path}"
+    path = profile_path(out, lm.slug, lm.device.type, "harness")
+    why = "is missing"
+    if path.is_file():
+        try:
+            cost = CostModel.load(path)
+            why = _fits(cost, lm, contexts, nodes)
+        except OilbirdError as e:
+            why = f"cannot be read ({e})"
+        if why is None:
+            return cost, path, f"harness profile {path}"
+    print(f"note: --profile auto: the harness profile {path} {why}; measuring this machine's verification cost "
+          f"once (contexts {','.join(map(str, contexts))}, up to {nodes} nodes; untimed)", file=sys.stderr)
+    d = measure_profile(lm, contexts, live_nodes(nodes), LIVE_REPS, progress)
+    atomic_write_json(path, d)
+    return CostModel.load(path), path, f"harness profile {path} (measured now)"
+
+
+def check_profile_spec(spec: str) -> str:
+    if spec in PROFILES:
+        return spec
+    if not Path(spec).is_file():
+        raise OilbirdError(f"--profile must be auto, flat or a profile file (no file at {spec})")
+    return spec
