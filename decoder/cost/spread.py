@@ -51,8 +51,8 @@ def _remeasure(cost) -> str:
 def spread_ends(cost) -> tuple[dict | None, str | None]:
     """({"fast": CostModel, "slow": CostModel}, None) for a profile that kept its spread, else (None, the line
     saying why it is unknown). A spread that is not one is an OilbirdError naming the file. The ends are
-    built as `cost`'s own class (decoder/cost/profile.py's CostModel): this module imports none of decoder/cost/profile.py,
-    which imports it."""
+    built as `cost`'s own class (decoder/cost/model.py's CostModel): this module imports none of
+    decoder/cost/profile.py, which imports it."""
     meta = cost.meta
     name = meta.get("path") or "the profile"
     present = [k for k in SPREAD_KEYS if meta.get(k) is not None]

@@ -132,7 +132,7 @@ class OilbirdConfig:
     size: str = "auto"  # auto: verify the nodes (or chain prefix) that maximise expected tokens per second
     #                     (decoder/drafters/sizing.py) from the candidates the budget admits; fixed: the whole budget
     batch: int = 1  # the batch size whose step cost sizes the draft (the profile's verify_s_by_batch)
-    step_cost: object = None  # the engine's profile (decoder/cost/profile.py CostModel), set by the runner (replay,
+    step_cost: object = None  # the engine's profile (decoder/cost/model.py CostModel), set by the runner (replay,
     #                           the vLLM proposer); None: a flat cost, under which auto keeps every candidate
 
 
