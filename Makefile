@@ -36,9 +36,9 @@ CAPTURE := --bench $(BENCH) --model $(MODEL) --out $(OUT) --batch-size $(BATCH) 
 
 # The engine the verdict's speedups are priced on (its verification-cost profile, measured once): auto (vLLM, the
 # engine users serve with, installed by make install, where it can run the model; else this package's harness,
-# saying so: decoder/profile_engine.py), vllm or harness (this package's loop; no vLLM needed).
+# saying so: decoder/cost/engine_choice.py), vllm or harness (this package's loop; no vLLM needed).
 PROFILE_ENGINE ?= auto
-# The profile's file: PROFILE_FILE when given, else the one python names (decoder/profile.py output_path: the
+# The profile's file: PROFILE_FILE when given, else the one python names (decoder/cost/profile.py output_path: the
 # model's slug and the engine, under OUT/profiles). Never built here from MODEL, which may be a path (../x/y).
 PROFILE_FILE   ?=
 PROFILE_PATH = $(if $(PROFILE_FILE),'$(PROFILE_FILE)',"$$($(PY) -m decoder profile --model '$(MODEL)' --out '$(OUT)' --engine $(PROFILE_ENGINE) --print-path)")

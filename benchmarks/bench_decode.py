@@ -2,13 +2,13 @@
 
 Serves API-Bank (first 100 requests) and GSM8K (first 50) with SmolLM2 on this machine's default
 device (CPU here; on a CUDA machine the same command measures the GPU, reported separately by the
-device column), every arm in one process, ar first, through `decoder.harness.run_decode`, so the
+device column), every arm in one process, ar first, through `decoder.live.harness.run_decode`, so the
 per-arm outputs also land under runs/<bench>/<model>/decode/<arm>/. Each arm's output is audited
 token for token against ar (ar's round-1 tokens).
 
 Two greedy references run by default: `ar` (our loop, one forward per token, dynamic cache) and
 `ar-static` (transformers' generate with a static cache, compiled: the greedy decoder a GPU user runs;
-decoder/reference.py; --no-compile runs it eager). `--rounds R` (default 3): every arm serves each
+decoder/verify/reference.py; --no-compile runs it eager). `--rounds R` (default 3): every arm serves each
 benchmark R times, the arm order rotated each round (round r starts at arm r mod n, so round 1 starts
 with ar), so machine drift spreads over every arm instead of landing in one ratio. Per round, speedup =
 the arm's tok/s over that round's ar, vs fastest ar = over that round's faster of ar and ar-static. The
@@ -32,8 +32,8 @@ import torch
 
 from data.capture.models import load_model
 from data.errors import OilbirdError, cli_entry
-from decoder.harness import DEFAULT_ARMS, DecodeConfig, run_decode, with_range
-from decoder.reference import STATIC_ARM
+from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode, with_range
+from decoder.verify.reference import STATIC_ARM
 
 # the harness's default arms with ar-static beside ar
 BENCH_ARMS = (DEFAULT_ARMS[0], STATIC_ARM, *DEFAULT_ARMS[1:])

@@ -2,7 +2,7 @@
 recall against exact search, at pool sizes from 4k to 1M states.
 
 The workload. The store's last --serve requests (default 48) are served, in order, through each arm by
-the replay loop (decoder/loop.py `speculate` with decoder/traces.py `TraceVerifier`; pool past: each
+the replay loop (decoder/loop.py `speculate` with decoder/replay/traces.py `TraceVerifier`; pool past: each
 served trace joins the pool when its request ends). Before serving, the pool is warmed with the OTHER
 requests' traces until it holds --pool-sizes states (default 4096, 16384, 65536, 262144, 1048576): a
 prefix of them (serving order) for a size below what one copy holds, else disguised copies of them
@@ -83,7 +83,7 @@ from data.store.schema import prompt_hash  # noqa: E402
 from decoder.loop import Generation, serve_requests, speculate  # noqa: E402
 from decoder.policy import DECISION_ARMS, OFF_ARM, ON_ARM  # noqa: E402
 from decoder.pools import PoolSettings, TenantPools, check_index  # noqa: E402
-from decoder.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
+from decoder.replay.traces import Trace, TraceVerifier, load_traces, uses_states  # noqa: E402
 
 BENCH_ARMS = ("suffix", "lexical", ON_ARM, OFF_ARM)  # the arms timed per pool size (ArcticInference's row beside)
 
@@ -454,7 +454,7 @@ def faiss_threads() -> int | None:
 
 def device_info() -> dict:
     from data.index import keyscan
-    from decoder.profile import device_name
+    from decoder.cost.profile import device_name
 
     return {"type": "cpu", "name": device_name(torch.device("cpu")), "cpu_count": os.cpu_count(),
             "torch_threads": torch.get_num_threads(), "faiss_threads": faiss_threads(), "torch": torch.__version__,

@@ -1,6 +1,6 @@
 """`make bench-numerics`: how far tree scoring moves the logits from one-token scoring, per dtype.
 
-The lossless audit (decoder/audit.py) calls a mismatch `numeric` when both logit gaps at the first
+The lossless audit (decoder/verify/audit.py) calls a mismatch `numeric` when both logit gaps at the first
 differing position are within T = NUMERIC_MARGIN[dtype]. This script measures what T must cover:
 for each request, greedy decoding (decode_greedy, one token a forward) records the top-2 logit gap
 (a = its token, c = the runner-up) at every position; then the same tokens are re-scored the way a
@@ -27,9 +27,9 @@ import torch
 from data.benchmarks.registry import get_benchmark, load_requests
 from data.capture.models import encode_prompt, load_model
 from data.errors import OilbirdError, cli_entry
-from decoder.audit import NUMERIC_MARGIN
-from decoder.engine import _new_cache, decode_greedy, prefill, stop_rule, verify_tree
-from decoder.tree import compact_cache
+from decoder.verify.audit import NUMERIC_MARGIN
+from decoder.verify.engine import _new_cache, decode_greedy, prefill, stop_rule, verify_tree
+from decoder.verify.tree import compact_cache
 
 CHAIN_LENGTHS = (2, 8, 32, 60)  # tree sizes of the re-scoring passes, in turn (arms verify up to 60 nodes)
 

@@ -1,7 +1,7 @@
 """`make bench-oilbird`: Oilbird against its hosts and its ablations, with the sole-source share.
 
 Serves each benchmark (default: API-Bank first 200 requests, then GSM8K first 50 as the control) with
-SmolLM2 through `decoder.harness.run_decode` (ar first, every arm audited token for token against it;
+SmolLM2 through `decoder.live.harness.run_decode` (ar first, every arm audited token for token against it;
 per-arm outputs under runs/<bench>/<model>/decode/<arm>/) and prints per arm: tau, tokens/s, speedup over
 ar and over the faster of ar and ar-static (transformers' generate with a static cache, compiled; run by
 default beside ar), each the median over `--rounds R` rounds (default 3, the arm order rotated each round,

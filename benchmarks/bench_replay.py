@@ -1,6 +1,6 @@
 """`make bench-replay`: replay over the `make census` store, timed, against the issue's targets.
 
-Runs `decoder.replay.run_replay` over runs/<bench>/<model>/traces (default: the API-Bank store of
+Runs `decoder.replay.run.run_replay` over runs/<bench>/<model>/traces (default: the API-Bank store of
 `make census BENCH=apibank`, pool past, all requests) and prints, measured in this one run:
   - the wall time of replaying the four decision arms (suffix, lexical, oilbird, oilbird-no-semantic)
     in one command (target: at most 3 minutes on 2 cores);
@@ -26,8 +26,8 @@ import time
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import bench_replay_dir, model_slug
 from decoder.policy import DECISION_ARMS, TARGET_RATIO
-from decoder.replay import ReplayConfig, run_replay
-from decoder.replay_table import format_table
+from decoder.replay.run import ReplayConfig, run_replay
+from decoder.replay.table import format_table
 
 PUBLISHED_SUFFIX = {"path mode, spec factor 1.0": 6.32, "tree mode, spec factor 4": 8.05}
 TARGET_SECONDS = 180.0

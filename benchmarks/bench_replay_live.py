@@ -1,9 +1,9 @@
 """`make bench-replay-live`: replay against the live decoder on the same requests, cap and pool.
 
 Serves the first N requests of a benchmark (default API-Bank, 16 requests, cap 128) live with every arm
-(`decoder.harness.run_decode`, pool strictly past: every arm starts empty, a request joins the pool
+(`decoder.live.harness.run_decode`, pool strictly past: every arm starts empty, a request joins the pool
 when it ends), then replays the same arms over the captured store of that benchmark cut to the same
-requests and cap (`decoder.replay.run_replay`, --limit N --max-new-tokens C; written to
+requests and cap (`decoder.replay.run.run_replay`, --limit N --max-new-tokens C; written to
 runs/<bench>/<model>/bench-replay-live/, never over the whole-store replay/), and prints per arm:
 tau live / replay, the sole-source share live / replay (the paper's definition, over committed
 tokens), whether replay is exact for that arm, and the measured live speedup over ar against the
@@ -44,8 +44,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     from data.store.layout import bench_replay_dir, model_slug
-    from decoder.harness import DecodeConfig, run_decode
-    from decoder.replay import ReplayConfig, resolve_arms, run_replay
+    from decoder.live.harness import DecodeConfig, run_decode
+    from decoder.replay.run import ReplayConfig, resolve_arms, run_replay
 
     arms = resolve_arms(args.arms.split(","))
     # the cut replay goes beside, never over, the whole-store replay the reports read (replay/)

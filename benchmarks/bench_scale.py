@@ -353,7 +353,7 @@ def main(argv=None) -> int:
     states = store.hidden[store.hidden_valid][: args.positions].astype(np.float32)
     del store
     r = retrieval(states, args.index, args.queries)
-    from decoder.profile import CostModel
+    from decoder.cost.profile import CostModel
 
     prof_path = default_profile_path(args.out, slug, "cpu")
     if Path(prof_path).exists():

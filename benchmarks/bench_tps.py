@@ -84,7 +84,7 @@ def verdict(ok: bool) -> str:
 
 @cli_entry
 def main(argv=None) -> int:
-    from decoder.replay import ReplayConfig, run_replay
+    from decoder.replay.run import ReplayConfig, run_replay
 
     ap = argparse.ArgumentParser(prog="bench_tps.py", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bench", default="apibank")
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     ap.add_argument("--limit", type=int, default=None, help="the first N requests only")
     ap.add_argument("--jobs", type=int, default=2, help="replay workers (default 2, as the main job)")
     a = ap.parse_args(argv)
-    from decoder.profile import profile_path
+    from decoder.cost.profile import profile_path
 
     slug = model_slug(a.model)
     profile = Path(a.profile) if a.profile else profile_path(a.out, slug, "cpu", "vllm")
@@ -121,8 +121,8 @@ def main(argv=None) -> int:
     cal = (s["oilbird"].get("drafter_stats") or {}).get("calibration") or {}
     cal_chain = (s["oilbird-chain"].get("drafter_stats") or {}).get("calibration") or {}
     from data.store.reader import open_store
-    from decoder.profile import CostModel
-    from decoder.traces import load_traces
+    from decoder.cost.profile import CostModel
+    from decoder.replay.traces import load_traces
 
     traces = load_traces(open_store(store_dir(a.out, a.bench, slug), load_hidden=False), a.limit, None)
     cost = CostModel.load(profile)

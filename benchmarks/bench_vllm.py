@@ -66,7 +66,7 @@ def replay_acceptance(arm: str, traces, k: int, nodes: int, vocab: int, cost=Non
     """The replay of `arm@chain=k` over `traces` (pool past), sized by `cost` (the profile the arm runs with),
     counted as vLLM counts acceptance."""
     from decoder.pools import PoolSettings
-    from decoder.replay import replay_arm
+    from decoder.replay.run import replay_arm
 
     name = f"{arm}{':' if '@' in arm else '@'}chain={k}"
     run = replay_arm(name, traces, nodes, "past", vocab, settings=PoolSettings(knn_recall_every=0, step_cost=cost))
@@ -147,13 +147,13 @@ def main(argv=None) -> int:
     if not (path / "meta.json").exists():
         raise OilbirdError(f"no trace store at {path}: `make bench-vllm` captures first, or run "
                            f"python -m data capture --bench {a.bench} --model {a.model}")
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
 
     store = open_store(path)
     traces = load_traces(store, a.limit, a.max_new)
     vocab = int(store.meta.get("vocab_size") or 0) or int(max(max(t.tokens) for t in traces) + 1)
     model_dir = resolve_model(a.model)
-    from decoder.profile import profile_path
+    from decoder.cost.profile import profile_path
     from decoder.vllm.proposer import load_step_cost
 
     profile = a.profile if a.profile is not None else str(profile_path(a.out, slug, "cpu", "vllm"))

@@ -24,8 +24,8 @@ import numpy as np
 
 from decoder.policy import OFF_ARM, ON_ARM
 from decoder.pools import PoolSettings
-from decoder.replay import replay_arm
-from decoder.traces import Trace
+from decoder.replay.run import replay_arm
+from decoder.replay.traces import Trace
 
 BEFORE_ARM = "oilbird@index=exact:key_patience=0"  # the key before the serving-speed work: exact, every pass
 INLINE_ARM = "oilbird@key_overlap=off"  # the key as served, its query inline (one core, no worker)
@@ -81,7 +81,7 @@ def _whole_store_child(store: str, limit: int | None, rounds: int, nodes: int, v
     import torch
 
     from data.store.reader import open_store
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
 
     # drafting is one thread: one torch thread leaves the other core to the key's worker (key_overlap auto, which
     # `spare_core` turns on only then); torch's second thread would spin on it after every pool append

@@ -11,7 +11,7 @@ A process already connected to Ray (a notebook, a test's `ray.init(num_cpus=2)`)
 leaves it running. Nothing here schedules, transports or retries: Ray does (ray.get / ray.wait on tasks and actors).
 
 Used by the census (census/ray_census.py, census/grid.py), capture (data/capture/ray_capture.py) and replay
-(decoder/replay_runs.py: replay and the ablations); it sits at the top of data because every room uses it and
+(decoder/replay/arms.py: replay and the ablations); it sits at the top of data because every room uses it and
 data may import neither census nor decoder. `gather` is the tasks' side of it: their results in order, a
 progress bar, a failed task in one line.
 """

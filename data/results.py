@@ -3,9 +3,9 @@
 Files (docs/reports.md, "Result files and their schema", lists every field and its range):
 
   census     runs/<bench>/<model>/census*/summary.json            census/summary.py
-  replay     runs/<bench>/<model>/replay*/<arm>/summary.json      decoder/replay.py, decoder/passes.py
-  live       runs/<bench>/<model>/decode/<arm>/summary.json       decoder/harness.py, decoder/passes.py
-  ablations  runs/<bench>/<model>/ablations/ablations.json        decoder/ablations.py
+  replay     runs/<bench>/<model>/replay*/<arm>/summary.json      decoder/replay/run.py, decoder/verify/passes.py
+  live       runs/<bench>/<model>/decode/<arm>/summary.json       decoder/live/harness.py, decoder/verify/passes.py
+  ablations  runs/<bench>/<model>/ablations/ablations.json        decoder/replay/ablations.py
   vllm       runs/<bench>/<model>/vllm/summary.json               benchmarks/bench_vllm.py (decoder/vllm/run.py rows)
 
 `read_result(path, kind)` reads one through data.readfile.read_json (size and nesting bounded) and checks it:
@@ -76,7 +76,7 @@ class Field:
 
 
 def _share_block(prefix: str, total: str) -> tuple[Field, ...]:
-    """A sole-source share as decoder/passes.py writes it: {value, interval, sole, <total>, definition}."""
+    """A sole-source share as decoder/verify/passes.py writes it: {value, interval, sole, <total>, definition}."""
     return (Field(f"{prefix}.value", SHARE, "interval"), Field(f"{prefix}.sole", COUNT),
             Field(f"{prefix}.{total}", COUNT), Field(f"{prefix}.definition", TEXT))
 
@@ -87,7 +87,7 @@ def _proportion(prefix: str) -> tuple[Field, ...]:
             Field(f"{prefix}.k", COUNT), Field(f"{prefix}.n", COUNT))
 
 
-# What decoder/passes.py adds to both a replay's and a live run's summary.
+# What decoder/verify/passes.py adds to both a replay's and a live run's summary.
 _PASSES = (
     Field("arm", TEXT), Field("kind", TEXT), Field("bench", TEXT), Field("model", TEXT),
     Field("requests", COUNT), Field("generated_tokens", COUNT), Field("passes", COUNT),
@@ -100,7 +100,7 @@ _PASSES = (
     Field("seconds", NONNEG), Field("exact", FLAG),
 )
 
-# The verdict's inputs at the two ends of the profile's spread (decoder/replay.py add_profile_spread), in the
+# The verdict's inputs at the two ends of the profile's spread (decoder/replay/run.py add_profile_spread), in the
 # key-on arm's replay summary.
 _SPREAD = (
     Field("profile_spread.reps", COUNT), Field("profile_spread.width", NONNEG), Field("profile_spread.note", TEXT),
@@ -115,7 +115,7 @@ _SAMPLED = tuple(Field(f"sampled_requests.{k}", COUNT) for k in ("count", "of", 
 
 SCHEMAS: dict[str, tuple[Field, ...]] = {
     "replay": (
-        # decoder/replay.py writes these as objects (an older live summary's share may be a number: not here)
+        # decoder/replay/run.py writes these as objects (an older live summary's share may be a number: not here)
         Field("sole_source_share", block("value, interval, sole, tokens, definition")),
         Field("sole_source_share_of_draft", block("value, interval, sole, accepted, definition")),
         Field("estimate", block("speedup, speedup_interval, engine, ...")),

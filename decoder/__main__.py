@@ -1,15 +1,15 @@
 """`python -m decoder --bench B --model M --arms ar,sam,lexical`: serve a benchmark with every arm, side by side.
 
 More commands share the entry point:
-  python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay.py)
-  python -m decoder ablations --bench B --model M             the ablation table and ladder, by replay (ablations.py)
-  python -m decoder profile --model M [--bench B]             verification cost vs node count (profile.py)
+  python -m decoder replay --bench B --model M [--arms ...]   every arm over a captured store, no model (replay/run.py)
+  python -m decoder ablations --bench B --model M             the ablation table and ladder (replay/ablations.py)
+  python -m decoder profile --model M [--bench B]             verification cost vs node count (cost/profile.py)
   python -m decoder vllm-run --model DIR --prompts P.json --arm A --out R.json   one arm served by vLLM (decoder/vllm/run.py)
   python -m decoder vllm-check [--k K]                        the OILBIRD_VLLM_* settings checked as the Oilbird proposer
                                                               reads them in vLLM's engine process: run it before `vllm serve`
   python -m decoder serve [--model M] [--port P] [--arm A] [-- VLLM_ARGS]   vllm serve with Oilbird (decoder/vllm/serve.py)
 replay and ablations run their arms in worker processes here (--jobs N) or as one Ray task each (--ray
-auto|local:N|ADDRESS; decoder/replay_runs.py), with the same results.
+auto|local:N|ADDRESS; decoder/replay/arms.py), with the same results.
 """
 
 from __future__ import annotations
@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
         if code:
             return code
     if argv and argv[0] == "replay":
-        from decoder.replay import replay_main
+        from decoder.replay.run import replay_main
 
         return replay_main(argv[1:])
     if argv and argv[0] == "ablations":
-        from decoder.ablations import main as ablations_main
+        from decoder.replay.ablations import main as ablations_main
 
         return ablations_main(argv[1:])
     if argv and argv[0] == "vllm-run":
@@ -92,7 +92,7 @@ def main(argv: list[str] | None = None) -> int:
 
         return vllm_serve_main(argv[1:])
     if argv and argv[0] == "profile":
-        from decoder.profile import profile_main
+        from decoder.cost.profile import profile_main
 
         return profile_main(argv[1:])
     if argv and argv[0] == "vllm-check":
@@ -222,7 +222,7 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     from data.benchmarks.jsonl import line_bound
     from data.store.layout import check_writable, decode_dir, model_slug
-    from decoder.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
+    from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
 
     check_writable(decode_dir(args.out, args.bench, model_slug(args.model)))  # before the model loads
 

@@ -10,8 +10,8 @@ One request (`speculate`), as gpt-fast's `speculative_decode` reads:
         drafter.observe(context, result); verifier.advance(result)    (update_s)
         context += result.committed
 
-A `Verifier` is what decides acceptance: the model's tree-masked greedy forward (decoder/engine.py
-`ModelVerifier`), the stored greedy trace (decoder/traces.py `TraceVerifier`), and next a serving
+A `Verifier` is what decides acceptance: the model's tree-masked greedy forward (decoder/verify/engine.py
+`ModelVerifier`), the stored greedy trace (decoder/replay/traces.py `TraceVerifier`), and next a serving
 engine's. Both loops share the per-pass record (`pass_record` -> `Cycle`) and the request's result
 (`Generation`).
 
@@ -63,7 +63,7 @@ class Generation:
     topk: np.ndarray | None = None  # [n, 8] int64
     prompt_last_hidden: np.ndarray | None = None  # [d] the state that predicts tokens[0]
     prompt_last_topk: np.ndarray | None = None  # [8]
-    # The lossless audit's evidence (decoder/audit.py): row k = the top-8 ids and logits of the forward
+    # The lossless audit's evidence (decoder/verify/audit.py): row k = the top-8 ids and logits of the forward
     # row that chose tokens[k] (ar: its one-token forward; a speculative arm: the anchor or accepted
     # node whose argmax committed it). Kept after the pool takes hidden/topk: [n, 8] each.
     chosen_ids: np.ndarray | None = None

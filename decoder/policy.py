@@ -3,7 +3,7 @@ target rule.
 
 Every command and page that decides or states a decision reads it from here: the verdict
 (decoder/verdict.py: enable the semantic source?), the replay's default arms and pairing
-(decoder/replay.py), the ablations' `target_met` (decoder/ablations.py) and the reports' decision
+(decoder/replay/run.py), the ablations' `target_met` (decoder/replay/ablations.py) and the reports' decision
 block, evidence page and grid (reports/). It imports nothing but the standard library.
 
 The arms:

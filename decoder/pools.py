@@ -54,7 +54,7 @@ class PoolSettings:
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query is repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     key_device: str = "cpu"  # where the key's states live and its queries run: the model's GPU when it has one
-    step_cost: object = None  # the engine's profile (decoder/profile.py CostModel) that sizes the drafts of the arms
+    step_cost: object = None  # the engine's profile (decoder/cost/model.py CostModel) that sizes the drafts of the arms
     #                           with size auto; None: flat (every candidate kept)
     key_overlap: str = "auto"  # the key's query on the kernel's worker thread (OilbirdConfig.key_overlap); off where
     #                            sibling processes already use every core (replay's workers: see run_replay)

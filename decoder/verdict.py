@@ -41,7 +41,7 @@ missing one's place.
 
 The profile prices the arms and sizes the cost-sized drafts, so the share, the gain and the speedups move with
 it. `sensitivity` applies the same rule to the replay's `profile_spread` block (the verdict's pair sized and
-priced with every verify step at the fastest, then at the slowest, of its repetitions: decoder/profile_spread.py)
+priced with every verify step at the fastest, then at the slowest, of its repetitions: decoder/cost/spread.py)
 and says in one line whether the verdict holds at both ends, or what each end decides and why, or that the
 spread is unknown (a profile that kept only medians). It states; it does not change the verdict.
 """
@@ -208,7 +208,7 @@ END_WORDS = {"fast": "the fast end (every step at the fastest of its repetitions
 
 @dataclass(frozen=True)
 class Sensitivity:
-    """Whether the verdict holds at both ends of the profile's measured spread (decoder/profile_spread.py)."""
+    """Whether the verdict holds at both ends of the profile's measured spread (decoder/cost/spread.py)."""
 
     holds: bool | None  # True: the same decision at both ends; False: an end decides otherwise; None: unknown
     line: str  # one line for the page and the replay command
@@ -224,7 +224,7 @@ def _share_iv(entry: dict) -> str:
 
 def sensitivity(main: Verdict, block, on_arm: str = ON_ARM, off_arm: str = OFF_ARM) -> Sensitivity | None:
     """The verdict `main` against the same rule applied to the replay's `profile_spread` block (the key-on arm's
-    summary.json: decoder/replay.py add_profile_spread), end by end; None when there is no block (a replay
+    summary.json: decoder/replay/run.py add_profile_spread), end by end; None when there is no block (a replay
     without a profile, or from before the spread was kept) or `main` could not decide."""
     if not isinstance(block, dict) or main.decision == CANNOT_DECIDE:
         return None

@@ -9,7 +9,7 @@ not a finite number.
 from __future__ import annotations
 
 from decoder.policy import FORM_PAIRS, ON_ARM, engine_form
-from decoder.reference import REFERENCE_ARM, STATIC_ARM
+from decoder.verify.reference import REFERENCE_ARM, STATIC_ARM
 from reports.htmlkit import esc, finite, gain_text, interval, number, table, with_iv
 from reports.results import DECISION_NODES, Arm, Result
 

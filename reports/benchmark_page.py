@@ -41,7 +41,7 @@ from reports.vllm_section import vllm_section
 
 
 def audit_cell(audit: dict | None) -> str:
-    """matched/requests, with the mismatches' kinds (decoder/audit.py) when there are any."""
+    """matched/requests, with the mismatches' kinds (decoder/verify/audit.py) when there are any."""
     if not audit:
         return "n/a"
     cell = f"{number(audit.get('matched'))}/{number(audit.get('requests'))}"

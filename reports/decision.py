@@ -267,7 +267,7 @@ def fastest_by_batch(result: Result, form: str) -> list[tuple[int, str, float, l
     """Per batch size: (batch, the arm with the highest estimated speedup, its speedup, interval). An arm sized
     for batch B (`@batch=B`) competes at B only; an arm sized for no batch competes at each through its
     `estimate_by_batch`. Trees compete only for a tree engine."""
-    from decoder.replay import arm_batch
+    from decoder.cost.pricing import arm_batch
 
     rows: dict[int, tuple] = {}
     for arm in result.replay:

@@ -10,7 +10,7 @@ transplant ladder (or the command that makes them); and every replayed arm.
 from __future__ import annotations
 
 from data.store.layout import ABLATIONS_FILE
-from decoder.passes import DEPTH_ROWS
+from decoder.verify.passes import DEPTH_ROWS
 from decoder.policy import LEXICAL_ARMS, OFF_ARM, ON_ARM, TARGET_RULE
 from reports import charts
 from reports.arms import (

@@ -9,7 +9,7 @@ import pytest
 
 from data.errors import OilbirdError
 from decoder.drafters import make_drafter, parse_variant
-from decoder.replay import replay_arm, resolve_arms
+from decoder.replay.run import replay_arm, resolve_arms
 from tests.test_decoder_scale import VOCAB, _passes, phrase_traffic
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -67,9 +67,9 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
 
     from data.capture.run import CaptureConfig, capture
     from decoder.__main__ import main as decoder_main
-    from decoder.ablations import ABLATIONS, HEADLINE, LADDER
+    from decoder.replay.ablations import ABLATIONS, HEADLINE, LADDER
     from decoder.policy import LEXICAL_ARMS
-    from decoder.replay import ReplayConfig, run_replay
+    from decoder.replay.run import ReplayConfig, run_replay
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
     bench = write_jsonl(tmp_path / "bench.jsonl", STORY_PROMPTS)
@@ -121,7 +121,7 @@ def test_ablations_command_writes_the_table(tmp_path, stories, capsys):
 def test_one_source_replays_one_source_per_pass():
     """oilbird-one-source in replay: every pass drafts the lexical sources or the semantic one, never both;
     both occur on this traffic; every pass chose one; attribution counts each source."""
-    from decoder.passes import pass_statistics
+    from decoder.verify.passes import pass_statistics
 
     traces = phrase_traffic()  # no top-8 in these traces: no adjacency, so the gate would stay shut; lift it
     # the floor off: on this traffic a far answer (cosine 0.3-0.45) and an exact repeat alternate pass to pass, and
@@ -145,8 +145,8 @@ def test_one_source_replays_one_source_per_pass():
 def test_live_decoder_takes_arm_variants(stories, tmp_path):
     """`python -m decoder --arms` accepts arm@field=value like replay: the variant's config is the one served, and
     it decodes lossless against plain greedy, token for token."""
-    from decoder.harness import DecodeConfig, library_drafters, run_decode
-    from decoder.harness import resolve_arms as live_arms
+    from decoder.live.harness import DecodeConfig, library_drafters, run_decode
+    from decoder.live.harness import resolve_arms as live_arms
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
     factories = library_drafters()

@@ -1,4 +1,4 @@
-"""The lossless audit per dtype (decoder/audit.py): exact-array tests of the classifier, float32 exact
+"""The lossless audit per dtype (decoder/verify/audit.py): exact-array tests of the classifier, float32 exact
 on stories260k, bfloat16 with every mismatch numeric, and a planted acceptance bug classified
 algorithmic."""
 
@@ -9,10 +9,10 @@ import warnings
 import numpy as np
 import pytest
 
-import decoder.engine as engine
+import decoder.verify.engine as engine
 from data.capture.models import load_model
-from decoder.audit import ALGORITHMIC, NUMERIC, NUMERIC_MARGIN, classify, lossless_audit
-from decoder.harness import DecodeConfig, run_decode
+from decoder.verify.audit import ALGORITHMIC, NUMERIC, NUMERIC_MARGIN, classify, lossless_audit
+from decoder.live.harness import DecodeConfig, run_decode
 from decoder.loop import Generation
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 

@@ -8,11 +8,11 @@ import statistics
 import pytest
 import torch
 
-import decoder.harness as harness
+import decoder.live.harness as harness
 from data.capture.models import encode_prompt
-from decoder.engine import decode_greedy, stop_rule
-from decoder.harness import DecodeConfig, format_table, run_decode, speed_summary
-from decoder.reference import STATIC_ARM, StaticGreedy
+from decoder.verify.engine import decode_greedy, stop_rule
+from decoder.live.harness import DecodeConfig, format_table, run_decode, speed_summary
+from decoder.verify.reference import STATIC_ARM, StaticGreedy
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 

@@ -17,18 +17,18 @@ from hypothesis import strategies as st
 from data.capture.models import LayerTap, cache_kwargs, load_model
 from data.errors import OilbirdError
 from data.store.schema import prompt_hash
-from decoder.audit import first_difference
+from decoder.verify.audit import first_difference
 from decoder.draft import ROOT, Draft, Drafter
 from decoder.drafters import DRAFTERS, installed
-from decoder.engine import (
+from decoder.verify.engine import (
     StopRule,
     decode_greedy,
     decode_speculative,
     stop_rule,
     verify_tree,
 )
-from decoder.harness import DecodeConfig, run_decode
-from decoder.tree import (
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.verify.tree import (
     compact_cache,
     greedy_accept,
     tree_attention_mask,

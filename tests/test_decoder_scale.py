@@ -21,10 +21,10 @@ from decoder.drafters import make_drafter
 from decoder.drafters.pld import PoolNgramIndex
 from decoder.drafters.sam import AutomatonIndex, automaton_chains
 from decoder.drafters.semantic import SemanticPool
-from decoder.harness import DecodeConfig, run_decode
+from decoder.live.harness import DecodeConfig, run_decode
 from decoder.pools import PoolSettings, TenantPools, merge_stats
-from decoder.replay import ReplayConfig, replay_arm, run_replay
-from decoder.traces import Trace, replay_request
+from decoder.replay.run import ReplayConfig, replay_arm, run_replay
+from decoder.replay.traces import Trace, replay_request
 from tests.conftest import STORY_PROMPTS, capture_story_store, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

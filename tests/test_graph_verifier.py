@@ -12,9 +12,9 @@ import torch
 
 from data.capture.models import LayerTap, load_model
 from decoder.draft import Draft, Drafter
-from decoder.engine import ModelVerifier, decode_greedy, stop_rule
+from decoder.verify.engine import ModelVerifier, decode_greedy, stop_rule
 from decoder.loop import speculate
-from decoder.tree import tree_ancestors
+from decoder.verify.tree import tree_ancestors
 from decoder.verify.graph import GraphVerifier, ancestor_block, buckets_for, capacity_for
 
 PROMPTS = ["Once upon a time, there was a little girl named Lily.", "Tom had a red ball. He liked to play with it.",

@@ -33,7 +33,7 @@ from data.errors import OilbirdError, cli_entry
 from data.store.layout import model_dir, store_dir
 from data.store.verify import verify_store
 from decoder.__main__ import main as decoder_main
-from decoder.replay import replay_main
+from decoder.replay.run import replay_main
 from reports.__main__ import main as reports_main
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
@@ -200,7 +200,7 @@ def test_replay_out_not_writable(runs, bench, tmp_path, capsys):
 
 
 def test_replay_write_failure_after_the_work_is_one_line(runs, bench, tmp_path, capsys):
-    """replay called without the entry point's check (`python -m decoder.replay`): the OSError its write
+    """replay called without the entry point's check (`python -m decoder.replay.run`): the OSError its write
     meets after the work is one line naming the path (data/errors.py cli_entry), not a traceback."""
     afile = tmp_path / "a-file"
     afile.write_text("")

@@ -29,8 +29,8 @@ from decoder.drafters.semantic import (
     ngram_continuation,
     semantic_chains,
 )
-from decoder.harness import DecodeConfig, format_table, run_decode
-from decoder.tree import greedy_accept
+from decoder.live.harness import DecodeConfig, format_table, run_decode
+from decoder.verify.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 ARMS = list(ARM_PRESETS)

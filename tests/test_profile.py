@@ -1,4 +1,4 @@
-"""decoder/profile.py: measuring verify/prefill cost on stories260k, the CostModel, the command."""
+"""decoder/cost/profile.py: measuring verify/prefill cost on stories260k, the CostModel, the command."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from data.errors import OilbirdError
 from data.store.layout import default_profile_path
-from decoder.profile import (
+from decoder.cost.profile import (
     DEFAULT_CONTEXTS,
     CostModel,
     clip_contexts,

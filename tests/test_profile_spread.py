@@ -1,6 +1,6 @@
 """The verdict's sensitivity to the profile (issue 45, item 2): the profile keeps the fastest and the slowest of
-its repetitions (decoder/profile.py, decoder/vllm/profile.py; decoder/profile_spread.py), replay sizes and prices
-the verdict's pair at both ends of that spread (decoder/replay.py add_profile_spread), and the decision block says
+its repetitions (decoder/cost/profile.py, decoder/cost/vllm_profile.py; decoder/cost/spread.py), replay sizes and prices
+the verdict's pair at both ends of that spread (decoder/replay/run.py add_profile_spread), and the decision block says
 whether the verdict holds at both (decoder/verdict.py sensitivity, reports/decision.py)."""
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ import pytest
 from data.errors import OilbirdError
 from data.store.layout import replay_dir
 from decoder.__main__ import main as decoder_main
-from decoder.profile import CostModel, measure_profile
-from decoder.profile_spread import spread_ends
-from decoder.replay import ReplayConfig, replay_is_current, run_replay
+from decoder.cost.profile import CostModel, measure_profile
+from decoder.cost.spread import spread_ends
+from decoder.replay.run import ReplayConfig, replay_is_current, run_replay
 from decoder.verdict import DECISIONS, sensitivity, verdict
 from tests.conftest import STORY_PROMPTS, capture_story_store
 

@@ -17,10 +17,10 @@ from data.store.layout import replay_dir
 from decoder.__main__ import main as decoder_main
 from decoder.draft import ROOT
 from decoder.drafters import make_drafter
-from decoder.harness import DecodeConfig, run_decode
-from decoder.replay import ReplayConfig, run_replay
-from decoder.traces import StoreRows, Trace, exactness, store_topk, truth_argmax
-from decoder.tree import greedy_accept
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.replay.run import ReplayConfig, run_replay
+from decoder.replay.traces import StoreRows, Trace, exactness, store_topk, truth_argmax
+from decoder.verify.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, capture_story_store, write_jsonl
 
 # arms whose proposals depend only on committed tokens and their states: replay must equal live
@@ -294,7 +294,7 @@ def test_profile_of_another_model_is_refused(small_store, tmp_path, capsys):
 def test_depth_profile_exact():
     from types import SimpleNamespace as C
 
-    from decoder.passes import depth_profile
+    from decoder.verify.passes import depth_profile
 
     cycles = [C(accepted=3, sources=["spine", "semantic|spine", "semantic"]),
               C(accepted=1, sources=["adjacency"]),
@@ -356,7 +356,7 @@ def test_decision_arms_follow_the_profile_engine(small_store, tmp_path, stories)
     assert paired_arm("oilbird-chain@batch=8") == "oilbird-no-semantic-chain@batch=8"
     assert paired_arm("suffix") is None
     from decoder.drafters import PRESETS, installed
-    from decoder.replay import expand_decision
+    from decoder.replay.run import expand_decision
 
     bench, out = small_store
     steep = _steep_profile(tmp_path / "steep.json", stories.fingerprint)

@@ -1631,7 +1631,7 @@ def test_headline_without_interval_is_not_established(tmp_path):
 
 
 def test_decoder_table_shows_mismatch_kinds():
-    """The lossless cell names the audit's numeric and algorithmic counts and the dtype (decoder/audit.py)."""
+    """The lossless cell names the audit's numeric and algorithmic counts and the dtype (decoder/verify/audit.py)."""
     exact = {"matched": 8, "requests": 8, "numeric": 0, "algorithmic": 0, "dtype": "float32", "mismatches": []}
     assert audit_cell(exact) == "8/8"
     mixed = {**exact, "matched": 5, "numeric": 3, "dtype": "bfloat16", "mismatches": [{}, {}, {}]}

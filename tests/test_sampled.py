@@ -22,7 +22,7 @@ from data.store.schema import prompt_hash
 from data.store.verify import verify_store
 from data.store.writer import StoreWriter, TraceRecord, record_checksums
 from decoder.draft import ROOT, Draft
-from decoder.traces import Trace, TraceVerifier
+from decoder.replay.traces import Trace, TraceVerifier
 
 # ---------------------------------------------------------------- the expectation, on a toy distribution
 
@@ -80,7 +80,7 @@ def vllm_accepted(p, g, rng, biased: bool = False) -> int:
 
 def replay_accepted(p, g, rng) -> int:
     """Draft tokens accepted over PASSES passes by replay: a trace sampled from p (long enough for every pass),
-    verified by replay's own TraceVerifier (decoder/traces.py: truth_argmax, then the engine's greedy_accept)."""
+    verified by replay's own TraceVerifier (decoder/replay/traces.py: truth_argmax, then the engine's greedy_accept)."""
     tokens, a, b = [], 0, 1
     for _ in range(PASSES * (K + 1)):
         a, b = b, draw(p[a, b], rng.random())
@@ -215,7 +215,7 @@ def census_and_replay(runs: Path, bench: str, capsys, model: str = "no-such-mode
     stderr."""
     from census.definitions import CensusConfig
     from census.output import run_census
-    from decoder.replay import ReplayConfig, run_replay
+    from decoder.replay.run import ReplayConfig, run_replay
 
     capsys.readouterr()
     target, _ = run_census(bench, model, CensusConfig(bootstrap=0), runs, embeddings=None, progress=False,

@@ -1,4 +1,4 @@
-"""Replay and the ablations on Ray (issue 36, decoder/replay_runs.py): one Ray task per (arm, nodes) writes the
+"""Replay and the ablations on Ray (issue 36, decoder/replay/arms.py): one Ray task per (arm, nodes) writes the
 files the worker processes write, file for file, timing aside; `--ray` with `--jobs`, a bad `--ray`, an address
 that does not answer and a missing ray package are each one line with exit code 2, before any work.
 

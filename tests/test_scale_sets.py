@@ -36,7 +36,7 @@ from data.store.storeset import (
     set_fingerprint,
 )
 from data.store.writer import record_checksums
-from decoder.replay import ReplayConfig, run_replay
+from decoder.replay.run import ReplayConfig, run_replay
 from tests.conftest import STORY_PROMPTS
 
 # 8 requests: request 2 repeats request 0's prompt (and 6 repeats 3's), so the same-prompt rule crosses
@@ -276,8 +276,8 @@ def test_grid_profile_contexts_and_warm_pool_read_a_set(stores, stories, tmp_pat
     grid (its row), the profile's context lengths (`profile --bench`), the live decoder's `--warm-from` pool."""
     from census.definitions import CensusConfig
     from census.grid import grid_table
-    from decoder.harness import load_warm_pool
-    from decoder.profile import contexts_from_store
+    from decoder.live.harness import load_warm_pool
+    from decoder.cost.profile import contexts_from_store
 
     cfg = CensusConfig(bootstrap=0)
     rows = {}

@@ -1,4 +1,4 @@
-"""The cost rule (decoder/sizing.py) and the node probabilities (decoder/calibration.py): exact arrays and
+"""The cost rule (decoder/drafters/sizing.py) and the node probabilities (decoder/calibration.py): exact arrays and
 brute-force references."""
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from decoder.calibration import (
     position_bucket,
 )
 from decoder.draft import Draft, best_path, subtree
-from decoder.profile import CostModel
-from decoder.sizing import (
+from decoder.cost.profile import CostModel
+from decoder.drafters.sizing import (
     StepCost,
     best_count,
     path_probs,

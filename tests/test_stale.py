@@ -30,7 +30,7 @@ from data.store.reader import current_fingerprint, current_summary, open_store
 from data.store.schema import PROMPT_HASH_SCHEME, TOPK, prompt_hash
 from data.store.verify import verify_store
 from data.store.writer import StoreWriter, TraceRecord
-from decoder.replay import ReplayConfig, replay_is_current, run_replay
+from decoder.replay.run import ReplayConfig, replay_is_current, run_replay
 from reports.case_viewer import id_text
 from reports.freshness import freshness_callout, row_flags, shown_results
 from reports.render import render_site

@@ -19,8 +19,8 @@ from data.errors import OilbirdError
 from decoder.draft import ROOT, VerifyResult
 from decoder.drafters import make_drafter
 from decoder.drafters.suffix_arctic import SuffixArcticConfig, to_draft
-from decoder.harness import DecodeConfig, run_decode
-from decoder.replay import ReplayConfig, run_replay
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.replay.run import ReplayConfig, run_replay
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -11,7 +11,7 @@ from data.store.schema import prompt_hash
 from decoder.draft import VerifyResult
 from decoder.drafters import make_drafter
 from decoder.drafters.sam import AutomatonIndex
-from decoder.tree import greedy_accept
+from decoder.verify.tree import greedy_accept
 
 VOCAB, D = 12, 8
 

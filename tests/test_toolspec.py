@@ -23,8 +23,8 @@ from decoder.drafters.toolspec import (
     schema_tokens,
     verified_tool,
 )
-from decoder.harness import DecodeConfig, run_decode
-from decoder.replay import ReplayConfig, run_replay
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.replay.run import ReplayConfig, run_replay
 from tests.conftest import write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py

@@ -117,10 +117,10 @@ def test_live_decoder_refuses_nodes_above_the_bound(tmp_path, capsys):
 
 
 def test_every_cli_bounds_nodes_with_one_constant(replay_store, capsys):
-    import decoder.profile
+    import decoder.cost.profile
     from decoder.draft import MAX_NODES
 
-    assert decoder.profile.MAX_NODES is MAX_NODES
+    assert decoder.cost.profile.MAX_NODES is MAX_NODES
     assert _replay(replay_store, "--arms", "suffix", "--nodes", str(MAX_NODES + 1)) == 2
     _one_line_error(capsys, "--nodes", f"1..{MAX_NODES}")
 

@@ -3,7 +3,7 @@
 
 Silently wrong before:
   - a profile's times unchecked (every verify_s negated or 0, a negative prefill_s, more draft nodes far
-    cheaper than fewer): decoder/profile.py refuses it on read, in one line;
+    cheaper than fewer): decoder/cost/profile.py refuses it on read, in one line;
   - a bare number where a replay summary holds a block (`sole_source_share: 0.5`, `estimate: "x"`):
     data/results.py's replay schema says the block is not an object, and the page cannot decide;
   - a one-store capture into a store set's folder whose members were placed by hand (`shard-a/`,
@@ -38,8 +38,8 @@ from data.capture.run import CaptureConfig, capture
 from data.errors import OilbirdError
 from data.store.layout import census_dir, replay_dir, store_dir
 from data.store.meta import META_SEAL
-from decoder.profile import CostModel
-from decoder.replay import replay_main
+from decoder.cost.profile import CostModel
+from decoder.replay.run import replay_main
 from tests.conftest import STORY_PROMPTS, write_jsonl
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -132,7 +132,7 @@ BAD_PROFILES = [  # (name, the change, words of the refusal)
 def test_a_profile_with_times_that_are_not_times_is_one_line(change, words, tmp_path):
     """Every verify_s negated priced "est. speedup 0.08x", every verify_s 0 0.88x, a negative prefill_s was
     clamped to 0: all exit 0. A profile is read like the other result files: times positive and finite, and
-    ordered by what they measure within a stated tolerance (decoder/profile.py ORDER_FACTOR)."""
+    ordered by what they measure within a stated tolerance (decoder/cost/profile.py ORDER_FACTOR)."""
     good = _profile()
     path = tmp_path / "p.json"
     path.write_text(json.dumps(good))

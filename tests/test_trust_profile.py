@@ -1,10 +1,10 @@
 """Issue 35, the profile's part: a verification-cost profile prices only what it measured.
 
-Covers decoder/pricing.py (a replay priced outside the profile's measured nodes, contexts, prompt lengths or
+Covers decoder/cost/pricing.py (a replay priced outside the profile's measured nodes, contexts, prompt lengths or
 batch sizes refuses in one line naming the arm, the quantity, the measured range and the command measuring a
 wider profile; shorter contexts are priced at the shortest measured one with a note in the summary), the
-cost-sized drafts choosing among the measured node counts only (decoder/sizing.py), the profile engine's
-fallback to the harness where vLLM cannot run the model (decoder/profile_engine.py, `--engine auto`), the
+cost-sized drafts choosing among the measured node counts only (decoder/drafters/sizing.py), the profile engine's
+fallback to the harness where vLLM cannot run the model (decoder/cost/engine_choice.py, `--engine auto`), the
 profile's file named from the model's slug (`--print-path`, the Makefile's `make profile MODEL=../x/y`), and
 `--if-missing` measuring again a profile the store has outgrown.
 
@@ -24,9 +24,9 @@ import pytest
 
 from data.store.layout import replay_dir, store_dir
 from decoder.__main__ import main as decoder_main
-from decoder.profile import CostModel, profile_main
-from decoder.replay import ReplayConfig, run_replay
-from decoder.sizing import StepCost
+from decoder.cost.profile import CostModel, profile_main
+from decoder.replay.run import ReplayConfig, run_replay
+from decoder.drafters.sizing import StepCost
 from tests.conftest import STORY_PROMPTS, capture_story_store
 
 pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py
@@ -151,7 +151,7 @@ def test_shorter_contexts_are_priced_at_the_shortest_with_a_note(store, stories,
 
 
 def test_priced_span_by_hand():
-    from decoder.pricing import PricedSpan, priced_span
+    from decoder.cost.pricing import PricedSpan, priced_span
 
     # prompts 5 and 10 tokens, 3 and 0 tokens generated: contexts 4, 5, 6 (the second request prices a prefill only)
     assert priced_span([5, 10], [3, 0], 6) == PricedSpan(4, 6, 10, 3, 2)
@@ -172,7 +172,7 @@ def test_cost_model_never_extrapolates():
 
 def test_choose_engine_falls_back_where_vllm_cannot_run(tmp_path, monkeypatch):
     import data.capture.vllm_engine as ve
-    from decoder.profile_engine import choose_engine
+    from decoder.cost.engine_choice import choose_engine
 
     monkeypatch.setattr(ve.torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(ve, "require_vllm", lambda: None)  # as if installed

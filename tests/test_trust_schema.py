@@ -7,7 +7,7 @@ index.html, a note per file on stderr and exit 2, while the other results' pages
 every range the schema states (tau >= 1, speedups > 0, ordered intervals holding their value, counts), for a
 live summary that gives only the draft-token share, for decoder/verdict.py's own inputs, for a census value out
 of range (shown as n/a, never 500%), for vLLM and ablation files, and for a summary nested 100,000 deep (one
-line, no RecursionError). The real writers' blocks (decoder/passes.py) pass the schema.
+line, no RecursionError). The real writers' blocks (decoder/verify/passes.py) pass the schema.
 
 Run: /work/main/.venv/bin/python -m pytest -q tests/test_trust_schema.py
 """
@@ -31,7 +31,8 @@ COMMITTED, DRAFT = 0.0814, 0.108  # the probe's numbers: neutral on the committe
 
 
 def replay_summary(arm: str, share: float | None, draft: float | None) -> dict:
-    """A replay summary.json of `arm` as decoder/replay.py and decoder/passes.py write it (docs/replay.md)."""
+    """A replay summary.json of `arm` as decoder/replay/run.py and decoder/verify/passes.py write it
+    (docs/replay.md)."""
     tokens, accepted = 10000, 7500
     s = {"kind": "replay", "arm": arm, "bench": "toy", "model": "toy-model", "pool": "past", "nodes": 60,
          "requests": 50, "generated_tokens": tokens, "passes": 2000, "accepted_draft_tokens": accepted,
@@ -215,11 +216,11 @@ def test_a_summary_nested_deep_is_one_line(tmp_path, capsys):
 
 
 def test_the_writers_blocks_pass_the_schema(tmp_path):
-    """decoder/passes.py's block (every live and replay summary holds it), degenerate requests included: an
+    """decoder/verify/passes.py's block (every live and replay summary holds it), degenerate requests included: an
     interval of equal draws must still hold its point."""
     from data.stats import RequestBootstrap
     from decoder.loop import Cycle
-    from decoder.passes import pass_statistics
+    from decoder.verify.passes import pass_statistics
 
     def cycle(committed: int, sources: list[str]) -> Cycle:
         return Cycle(nodes=8, accepted=len(sources), committed=committed, sources=sources,

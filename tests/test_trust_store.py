@@ -39,7 +39,7 @@ from data.store.layout import store_dir
 from data.store.meta import META_SEAL
 from data.store.reader import open_store
 from data.store.writer import StoreWriter
-from decoder.replay import replay_main
+from decoder.replay.run import replay_main
 from tests.conftest import STORIES, STORY_PROMPTS, write_jsonl
 
 REPO = Path(__file__).resolve().parents[1]

@@ -93,7 +93,7 @@ def test_serving_writes_the_store(served):
     a request the engine served with the tokens it returned; a second server on the same store pools its
     traces first and appends under new ids."""
     from data.store.reader import open_store
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
 
     tmp = served["_tmp"]
     first, second = (served[a]["_store_meta"] for a in STORE_ARMS)
@@ -166,7 +166,7 @@ def test_compiled_states_equal_eager_states(served):
     """The states and top-8 a compiled server writes into its store equal an eager server's for the same
     requests: cosine >= 0.9999 at every position with a state, the top-8 identical (issue 43)."""
     from data.store.reader import open_store
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
 
     tmp = served["_tmp"]
     compiled = load_traces(open_store(tmp / "store"), None, None)
@@ -472,7 +472,7 @@ def test_capture_by_serving_round_trips_and_agrees_with_the_harness(tiny_llama64
     the same capture in eager mode; its tokens equal the harness's capture of the same requests and its states
     agree to float32 rounding; the engines do not mix."""
     from data.store.reader import open_store
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
     from tests.conftest import STORY_PROMPTS, write_jsonl
 
     bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS * 2)
@@ -542,7 +542,7 @@ def test_smollm2_in_vllm_is_greedy_token_for_token(tmp_path):
 def test_the_verification_profile_measured_in_vllm(tiny_llama64, tmp_path):
     """`python -m decoder profile --engine vllm`: the harness profile's format and grid, priced on vLLM steps
     (the file says so), readable by replay's cost model."""
-    from decoder.profile import CostModel
+    from decoder.cost.profile import CostModel
 
     out = tmp_path / "p.json"
     r = subprocess.run([sys.executable, "-m", "decoder", "profile", "--engine", "vllm", "--model", tiny_llama64,

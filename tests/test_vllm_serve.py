@@ -164,7 +164,7 @@ def _verify(store: Path) -> subprocess.CompletedProcess:
 
 def _stored(store: Path) -> list:
     from data.store.reader import open_store
-    from decoder.traces import load_traces
+    from decoder.replay.traces import load_traces
 
     return load_traces(open_store(store), None, None)
 

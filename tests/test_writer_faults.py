@@ -204,8 +204,8 @@ def test_capture_stops_at_the_context_with_one_note(stories, tmp_path, capsys):
 
 
 def test_decoder_stops_at_the_context_and_refuses_a_longer_prompt(stories, tmp_path, capsys):
-    from decoder.harness import DecodeConfig, run_decode
-    from decoder.reference import STATIC_ARM
+    from decoder.live.harness import DecodeConfig, run_decode
+    from decoder.verify.reference import STATIC_ARM
 
     bench, n = _near_context_bench(stories, tmp_path)
     captured = open_store(capture(_cfg(bench, tmp_path / "runs", max_new_tokens=40), lm=stories))

@@ -11,7 +11,7 @@
   runs/<bench>/<model>/bench-replay[-live]/ the benchmarks' cut replays (never over replay/)
   runs/<bench>/<model>/bench/               benchmark results (bench/draft.json: benchmarks/bench_draft.py)
   runs/grid/<model>/census_grid[_<pool>].*  `python -m census grid`
-  runs/profiles/<model>-<device>.json       the verification-cost profile (decoder/profile.py)
+  runs/profiles/<model>-<device>.json       the verification-cost profile (decoder/cost/profile.py)
   reports/html/                             `python -m reports` (outside runs/)
 
 Every folder name made from user input goes through `component`, which refuses one that would

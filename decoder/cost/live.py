@@ -1,8 +1,8 @@
 """The live decoder's verification cost (`python -m decoder --profile PATH|auto|flat`): what sizes the cost-aware
-arms' trees (size auto, decoder/sizing.py) when the harness itself decodes.
+arms' trees (size auto, decoder/drafters/sizing.py) when the harness itself decodes.
 
   flat   every node costs the same: the whole candidate tree is verified (the fixed budget's tree);
-  auto   (the default) this machine's harness profile for the model, device and dtype (decoder/profile.py
+  auto   (the default) this machine's harness profile for the model, device and dtype (decoder/cost/profile.py
          `measure_profile`, the verify forward the eager verifier runs), read from runs/profiles/<model>-<device>.json
          when it covers the run, else measured once before any timing, with the loaded model, and written there;
   PATH   a harness profile file; one measured for another model, dtype or device, or by vLLM, is refused.
@@ -34,7 +34,7 @@ def live_contexts(prompt_lens: Sequence[int], max_new: int, points: int = 4) -> 
 
 
 def live_nodes(nodes: int) -> list[int]:
-    from decoder.profile import DEFAULT_NODES
+    from decoder.cost.profile import DEFAULT_NODES
 
     return sorted({n for n in DEFAULT_NODES if n <= nodes} | {0, nodes})
 
@@ -60,8 +60,8 @@ def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int
                          progress: bool = True):
     """(CostModel or None for flat, the path it came from or None, what summary.json says sizes the drafts)."""
     from data.store.files import atomic_write_json
-    from decoder.costmodel import CostModel
-    from decoder.profile import measure_profile, profile_path
+    from decoder.cost.model import CostModel
+    from decoder.cost.profile import measure_profile, profile_path
 
     if spec == "flat":
         return None, None, "flat"

@@ -16,7 +16,10 @@ Every drafter is a thin class around pure functions in its module; on the contra
 
 The Oilbird arms (`oilbird` and its ablations, see decoder/drafters/oilbird.py) are one drafter
 class under named presets: `ARM_PRESETS` maps an arm name to OilbirdConfig options, and
-`make_drafter` accepts those names too (`arm_names()` lists every arm).
+`make_drafter` accepts those names too (`arm_names()` lists every arm). sizing.py sizes a draft by the
+engine's cost: the tree (or chain) that maximises expected tokens per second.
+
+May import: data and the top-level decoder modules (draft, calibration). Imported by verify, cost, replay, vllm.
 """
 
 from __future__ import annotations

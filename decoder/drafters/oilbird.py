@@ -66,7 +66,7 @@ from decoder.drafters.sam import (
 )
 from decoder.drafters.semantic import RANK_DEPTHS, SemanticPool, ngram_continuation
 from decoder.drafters.toolspec import ToolSpecConfig, ToolSpecHost
-from decoder.sizing import StepCost, path_probs, select_chain, select_tree
+from decoder.drafters.sizing import StepCost, path_probs, select_chain, select_tree
 
 SEMANTIC, ROLLOUT, POOL, ROOT_BRANCH = "semantic", "rollout", "pool", "root"
 Chain = list[int]
@@ -395,7 +395,7 @@ class OilbirdDrafter(Drafter):
     def propose(self, context: Sequence[int], budget: int) -> Draft:
         """The merged tree under `budget` (the candidates), then what the engine verifies of it: with size auto
         the nodes (or, `chain` > 0, the best path's first nodes) that maximise expected tokens per second
-        (decoder/sizing.py), priced by the calibrator; with size fixed the whole tree (or the chain of the
+        (decoder/drafters/sizing.py), priced by the calibrator; with size fixed the whole tree (or the chain of the
         most-proposed children, `best_chain`)."""
         c = self.config
         cand = self._propose_tree(context, budget)

@@ -2,7 +2,7 @@
 the drafter itself is decoder/drafters/oilbird.py.
 
 Arms (presets of this one drafter, `ARM_PRESETS`):
-  oilbird                the method as above; the tree sized by the engine's cost (size auto, decoder/sizing.py)
+  oilbird                the method as above; the tree sized by the engine's cost (size auto, drafters/sizing.py)
   oilbird-no-semantic    the key never queried; everything else equal (branches and rollouts keep B_ret)
   oilbird-fixed, oilbird-no-semantic-fixed
                          the same at the fixed budget: every candidate node verified (the paper's B = 60)
@@ -130,9 +130,9 @@ class OilbirdConfig:
     #                 verifies (size auto: the most probable child at each node, cut by the cost rule; size
     #                 fixed: decoder.draft.best_chain, the most-proposed child at each node, all k tokens)
     size: str = "auto"  # auto: verify the nodes (or chain prefix) that maximise expected tokens per second
-    #                     (decoder/sizing.py) from the candidates the budget admits; fixed: the whole budget
+    #                     (decoder/drafters/sizing.py) from the candidates the budget admits; fixed: the whole budget
     batch: int = 1  # the batch size whose step cost sizes the draft (the profile's verify_s_by_batch)
-    step_cost: object = None  # the engine's profile (decoder/profile.py CostModel), set by the runner (replay,
+    step_cost: object = None  # the engine's profile (decoder/cost/model.py CostModel), set by the runner (replay,
     #                           the vLLM proposer); None: a flat cost, under which auto keeps every candidate
 
 

@@ -530,7 +530,7 @@ class ToolSpecDrafter(Drafter):
         self.tally = {**{f"{s}_accepted": 0 for s in STAGES}, "memory_retrievals": 0, "memory_segments": 0}
 
     @property
-    def table(self):  # replay's exactness note reads it (decoder/traces.py)
+    def table(self):  # replay's exactness note reads it (decoder/replay/traces.py)
         return self.host.table
 
     def begin_request(self, prompt: Sequence[int], prompt_hash: Hashable | None = None) -> None:

@@ -1,7 +1,7 @@
 """The static-shape tree verifier (`--verifier graph`): every pass one forward of a fixed shape, compiled once per
 shape in the warm-up, with everything between the host's draft and the host's commit done on the device.
 
-Why not the eager verifier's way (decoder/engine.py `ModelVerifier`): its cache reallocates by torch.cat every
+Why not the eager verifier's way (decoder/verify/engine.py `ModelVerifier`): its cache reallocates by torch.cat every
 forward, the mask and positions are built on the host per node, the shape changes every pass (0-60 nodes, a
 growing context) and about seven host-device copies block each pass. A compiled graph (and on a GPU a CUDA graph)
 needs fixed shapes and fixed buffers, as gpt-fast, SGLang and vLLM keep them:
@@ -16,7 +16,7 @@ needs fixed shapes and fixed buffers, as gpt-fast, SGLang and vLLM keep them:
   mask      built on the device from the pass's ancestor matrix ([rows, rows], copied into a fixed buffer) and
             `start`: a row sees the context (< start) and its own ancestors in the block;
   accept    on the device: a node agrees when its token is its parent row's argmax and every ancestor agrees;
-            the deepest agreeing row wins (ties: the earliest, as decoder/tree.py `greedy_accept`);
+            the deepest agreeing row wins (ties: the earliest, as decoder/verify/tree.py `greedy_accept`);
   compact   on the device, a fixed-shape copy: the block's rows reordered so the accepted path sits at
             start, start + 1, ... (the next pass writes past it);
   readback  one per pass: a [rows, 3 + 16 + d] float32 block (argmax, the path order, its length, the top-8
@@ -45,7 +45,7 @@ from data.capture.models import LoadedModel, cache_kwargs, decoder_layers, text_
 from data.errors import OilbirdError
 from data.store.schema import TOPK
 from decoder.draft import Draft, VerifyResult
-from decoder.engine import ModelVerifier, StopRule, TreeForward, _new_cache, check_supported, prefill
+from decoder.verify.engine import ModelVerifier, StopRule, TreeForward, _new_cache, check_supported, prefill
 
 BUCKETS = (1, 16, 32, 64)  # rows of a verify forward (the anchor + draft nodes): `ar` passes take the first
 CAPACITY_STEP = 256  # the cache's capacity is a multiple of this

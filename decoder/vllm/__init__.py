@@ -1,6 +1,7 @@
-"""The decoder inside vLLM: the Oilbird arms as a `custom_class` proposer (proposer.py), the verification-cost
-profile measured in vLLM (profile.py), and serving a benchmark through vLLM for the bench and the report (run.py).
+"""The decoder inside vLLM: the Oilbird arms as a `custom_class` proposer (proposer.py), serving with it
+(serve.py, `python -m decoder serve`) and one arm serving a benchmark for the bench and the report (run.py,
+`python -m decoder vllm-run`). The profile measured inside vLLM is decoder/cost/vllm_profile.py.
 
-May import: data, decoder's drafters and kernels. Nothing else in decoder imports it except at the point of use
-(lazily), so a decoder without vLLM installed still imports.
+May import: data and every other room of decoder (top level, drafters, verify, cost, replay). Only __main__
+imports it, at the point of use (lazily), so a decoder without vLLM installed still imports.
 """

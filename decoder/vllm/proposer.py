@@ -28,7 +28,7 @@ What runs, per engine step (vLLM calls `propose` after committing the step's tok
      nodes, as in replay) and proposes its best chain: at each node the most probable child (the node
      probabilities of decoder/calibration.py), cut where the expected tokens per second of a step stop
      growing, priced on the vLLM profile OILBIRD_VLLM_PROFILE names at the arm's batch size (`@batch=B`;
-     decoder/sizing.py), so the chain's length varies by row and step, 0 to k tokens (without a profile the
+     decoder/drafters/sizing.py), so the chain's length varies by row and step, 0 to k tokens (without a profile the
      cost is flat and every chain runs to k; `@size=fixed` keeps the most-proposed child and k tokens).
      The replay of the same arm with `@chain=k` predicts it.
 The arms are the replay's names (`oilbird`, `oilbird-no-semantic`, variants `oilbird@field=value`); an arm
@@ -120,8 +120,8 @@ def load_step_cost(profile: str, arm: str):
     measure the batch size the arm is sized for (`@batch=B`)."""
     if not profile:
         return None
-    from decoder.profile import CostModel
-    from decoder.replay import arm_batch
+    from decoder.cost.profile import CostModel
+    from decoder.cost.pricing import arm_batch
 
     cost = CostModel.load(profile)
     cost.meta["path"] = profile
@@ -154,7 +154,7 @@ class OilbirdProposer(RequestRecorder):
         super().load_model(model, *args, **kwargs)
         if self.store is not None and self.store.writer.done:
             from data.store.reader import open_store
-            from decoder.traces import load_traces
+            from decoder.replay.traces import load_traces
 
             # a store of another model is refused (its states mean nothing here); unknown rows are zeros
             store = open_store(self.store.path, model_fingerprint=self.store.writer.meta["model_fingerprint"])

@@ -1,6 +1,6 @@
 """The decoding engine: one request at a time (batch 1), any Hugging Face causal LM, KV cache kept.
 
-Both loops share one convention (see decoder/tree.py): the cache holds the context minus its
+Both loops share one convention (see decoder/verify/tree.py): the cache holds the context minus its
 last token, and every pass feeds that last token (the anchor) again. `decode_greedy` (the `ar`
 arm) feeds the anchor alone and commits the argmax; `decode_speculative` runs the one speculative
 loop (decoder/loop.py `speculate`) with `ModelVerifier`, which feeds the anchor plus a draft tree in
@@ -30,7 +30,7 @@ from data.errors import OilbirdError
 from data.store.schema import TOPK
 from decoder.draft import Draft, Drafter, VerifyResult
 from decoder.loop import Cycle, Generation, Speculation, speculate
-from decoder.tree import (
+from decoder.verify.tree import (
     compact_cache,
     greedy_accept,
     tree_attention_mask,

@@ -5,7 +5,7 @@ A draft node's path probability is the product of its own and its ancestors' P(a
 verifies a set S of nodes closed under parents = 1 (the bonus) + sum of S's path probabilities (siblings
 hold distinct tokens, so at most one path is accepted at each level and the sum counts each accepted node
 once). Its seconds: the engine's step with |S| draft tokens at this context and batch size, from the
-engine's profile (`StepCost`, over decoder/profile.py's CostModel).
+engine's profile (`StepCost`, over decoder/cost/model.py's CostModel).
 
   tree   keep the nodes in order of path probability (ties: the earlier node; a parent's path probability is
          never below its child's, so every prefix of that order is closed under parents) and choose the count
@@ -64,10 +64,10 @@ def select_chain(parents: Sequence[int], probs: Sequence[float], path: np.ndarra
 
 class StepCost:
     """Seconds of one engine step verifying n = 0..cap draft tokens per row at a context, from a profile at one
-    batch size (decoder/profile.py CostModel); tables cached per 16 tokens of context.
+    batch size (decoder/cost/model.py CostModel); tables cached per 16 tokens of context.
 
     The table stops at the most draft nodes the profile measured (a shorter table: the rule then chooses among
-    measured counts only, never a size priced by extrapolation, decoder/pricing.py); a context outside the
+    measured counts only, never a size priced by extrapolation, decoder/cost/pricing.py); a context outside the
     measured ones takes the nearest measured context's costs (CostModel clamps): the choice of a size, which a
     server must make on any traffic, is never refused."""
 

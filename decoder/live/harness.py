@@ -5,7 +5,7 @@ for losslessness; added when the user leaves it out), then each drafter arm with
 and writes one folder per arm under `runs/<bench>/<model>/decode/<arm>/`. An arm may be a variant
 `arm@field=value:...` of a library arm (e.g. oilbird@theta=0.7), as replay takes it
 (decoder/drafters `parse_variant`); its folder carries the variant's name. `ar-static` is a second
-greedy reference, transformers' generate with a static cache, compiled (decoder/reference.py); its
+greedy reference, transformers' generate with a static cache, compiled (decoder/verify/reference.py); its
 summary.json adds `compiled` (whether the decode step ran compiled) and `generate` (the settings).
 
 Rounds (`rounds`, --rounds R; default 1 here and in `python -m decoder`, 3 in the speed benches): every
@@ -29,7 +29,7 @@ round-1 tokens, and a difference is printed as a warning and recorded (`rounds_i
   summary.json      tau (with a request-bootstrap interval), tokens/s, speedup over this invocation's
                     ar and speedup_vs_fastest_ar (medians over the rounds, see Rounds), time split
                     and overhead fraction, the lossless audit against ar, the pass
-                    statistics of decoder/passes.py (per-source drafted/accepted tokens, nodes and
+                    statistics of decoder/verify/passes.py (per-source drafted/accepted tokens, nodes and
                     drafting time per pass); for arms with the semantic key: sole_source_share (the
                     paper's: sole-semantic tokens / all committed tokens) and sole_source_share_of_draft
                     (/ accepted draft tokens), each {value, interval, sole, tokens|accepted},
@@ -89,9 +89,9 @@ from data.store.layout import component, decode_dir
 from data.store.storeset import open_store_or_set
 from data.store.schema import prompt_hash
 from data.versions import library_versions
-from decoder.audit import lossless_audit
+from decoder.verify.audit import lossless_audit
 from decoder.draft import Drafter, nodes_error
-from decoder.engine import (
+from decoder.verify.engine import (
     check_supported,
     decode_greedy,
     decode_speculative,
@@ -99,7 +99,7 @@ from decoder.engine import (
     verify_tree,
 )
 from decoder.loop import Cycle, Generation, serve_requests, speculate
-from decoder.passes import SEMANTIC_SOURCE, pass_statistics
+from decoder.verify.passes import SEMANTIC_SOURCE, pass_statistics
 from decoder.pools import (
     PoolSettings,
     TenantPools,
@@ -109,7 +109,7 @@ from decoder.pools import (
     resolve_budget,
     warmup_note,
 )
-from decoder.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
+from decoder.verify.reference import REFERENCE_ARM, STATIC_ARM, StaticGreedy
 from decoder.cost.live import check_profile_spec, resolve_live_profile
 from decoder.verify.graph import GraphVerifier, capacity_for, check_verifier, resolve_verifier
 
@@ -140,7 +140,7 @@ class DecodeConfig:
     knn_recall_every: int = 8  # auto or faiss index: every Nth inexact query repeated exactly (knn_recall); 0 = off
     index_train_size: int = 0  # states a faiss coder collects before training (0: the spec's own need)
     rounds: int = 1  # --rounds: every arm serves the benchmark this many times, the order rotated each round
-    static_compile: bool | None = None  # ar-static: None = compile (decoder/reference.py), False = --no-compile
+    static_compile: bool | None = None  # ar-static: None = compile (decoder/verify/reference.py), False = --no-compile
     # --verifier: graph (decoder/verify/graph.py: fixed shapes, compiled), eager (ModelVerifier) or auto (graph on a
     # GPU, eager on a CPU)
     verifier: str = "auto"
@@ -240,7 +240,7 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
               budget_tokens: int | None = None, static: StaticGreedy | None = None, graph=None) -> ArmRun:
     """Serve every prompt in order with the arm through the one request runner (decoder/loop.py
     `serve_requests`): one drafter per tenant (decoder/pools.py), `ar` with none, `ar-static` through
-    `static` (transformers' generate, decoder/reference.py); a drafter arm verifies with `graph` (the graph
+    `static` (transformers' generate, decoder/verify/reference.py); a drafter arm verifies with `graph` (the graph
     verifier, decoder/verify/graph.py) when given, else eagerly."""
     from tqdm import tqdm
 
@@ -435,7 +435,7 @@ class Serving:
     requests: list
     prompts: list[list[int]]
     tenants: list[str]
-    stop: object  # decoder.engine.StopRule
+    stop: object  # decoder.verify.engine.StopRule
     warm_pool: list
     budget_tokens: int | None
     static: StaticGreedy | None  # ar-static, built and warmed (compiled) once; None when it does not run
@@ -446,7 +446,7 @@ class Serving:
 
 def check_context(lm: LoadedModel, requests, prompts: list[list[int]], max_new: int) -> None:
     """A prompt longer than the model's context is refused (capture's rule: data/capture/run.py fit_prompts);
-    a cap that runs past it is cut per request (decoder/engine.py StopRule.within), said in one note."""
+    a cap that runs past it is cut per request (decoder/verify/engine.py StopRule.within), said in one note."""
     ctx = lm.context
     if not ctx:
         return

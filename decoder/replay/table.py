@@ -5,7 +5,7 @@ along the accepted path the key's gain lands."""
 
 from __future__ import annotations
 
-from decoder.passes import DEPTH_ROWS
+from decoder.verify.passes import DEPTH_ROWS
 from decoder.policy import FORM_PAIRS, ON_ARM, engine_form
 
 

@@ -1,10 +1,10 @@
 """Replay's arm runs: one `replay_arm` per (arm, nodes) over the same traces, in this process, in worker
 processes (`--jobs`) or as Ray tasks (`--ray`). The runs are independent of each other and each is a pure
-function of the traces and its settings, so where they run changes their timings only (decoder/replay.py
+function of the traces and its settings, so where they run changes their timings only (decoder/replay/run.py
 makes the summaries from them in the driver either way).
 
   this process      one run after another (--jobs 1, or a single run)
-  worker processes  a spawn pool of --jobs workers on this machine (decoder/workers.py: how many, and that
+  worker processes  a spawn pool of --jobs workers on this machine (decoder/replay/workers.py: how many, and that
                     they die with the replay); each reads the store itself; a bar counts replayed requests
   Ray tasks         `--ray auto|local:N|HOST:PORT` (data/raycluster.py): one task per (arm, nodes), one CPU
                     each, so Ray runs one per CPU of the cluster (hence `--jobs` is refused with `--ray`). The
@@ -15,7 +15,7 @@ makes the summaries from them in the driver either way).
 
 Each worker runs on one thread (torch, OMP): the workers share the cores. The oilbird key's overlap thread
 (decoder/drafters/oilbird.py key_overlap) is turned off where every core holds a worker, as it would share
-a core with a sibling (replay.py's rule for worker processes; always on Ray, which fills every CPU).
+a core with a sibling (run.py's rule for worker processes; always on Ray, which fills every CPU).
 """
 
 from __future__ import annotations
@@ -46,10 +46,10 @@ from data.raycluster import (
 )
 from data.store.storeset import open_store_or_set
 from decoder.loop import Cycle, Generation, serve_requests, speculate
-from decoder.passes import SEMANTIC_SOURCE
+from decoder.verify.passes import SEMANTIC_SOURCE
 from decoder.pools import PoolSettings, TenantPools
-from decoder.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
-from decoder.workers import die_with_parent
+from decoder.replay.traces import Trace, TraceVerifier, exactness, load_traces, uses_states
+from decoder.replay.workers import die_with_parent
 
 RAY_RETRIES = 3  # a lost worker's run is started again this often (Ray's max_retries) before the replay fails
 
@@ -149,7 +149,7 @@ def run_in_processes(jobs: list[tuple[str, int]], traces: list[Trace], path: Pat
                                                settings=settings)
             return out
         ctx = multiprocessing.get_context("spawn")  # fork would copy torch/polars thread state
-        manager = SyncManager(ctx=ctx)  # every helper ends with this process, even on kill -9 (decoder/workers.py)
+        manager = SyncManager(ctx=ctx)  # every helper ends with this process, even on kill -9 (decoder/replay/workers.py)
         manager.start(die_with_parent, (os.getpid(),))
         with manager:
             queue = manager.Queue()

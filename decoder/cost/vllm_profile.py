@@ -1,6 +1,6 @@
 """`python -m decoder profile --engine vllm`: the verification-cost profile measured inside vLLM.
 
-The same grid and file format as the harness's profile (decoder/profile.py): verify_s[context][nodes], the
+The same grid and file format as the harness's profile (decoder/cost/profile.py): verify_s[context][nodes], the
 seconds of one engine step that verifies the anchor plus `nodes` draft tokens with `context` tokens already
 in the KV cache, and prefill_s(prompt length). With --batch-sizes B,B the same grid is measured with B
 requests in every step (`verify_s_by_batch`: the seconds of one step that verifies B rows of `nodes` draft
@@ -13,7 +13,7 @@ tokens each); `verify_s` stays batch 1, what replay prices (one stream). How:
   - per context length L (and batch size B), B requests with fresh random prompts of L tokens run the whole
     walk together, in lockstep (every row proposes N and commits one token a step; their contexts grow by
     one token a step, about 3 x 10 steps past L); the median over the reps is kept, and at batch 1 the fastest
-    and the slowest of them (`verify_s_min`, `verify_s_max`: decoder/profile_spread.py);
+    and the slowest of them (`verify_s_min`, `verify_s_max`: decoder/cost/spread.py);
   - prefill_s(L): one request of a fresh random prompt of L tokens and one new token, timed whole.
 The file says `"engine": "vllm"` and `"vllm_mode"`: `compiled` (vLLM's default compilation, the mode that
 serves, and the default here) or `eager` (`--vllm-eager`); a profile written before the mode was recorded was
@@ -33,7 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from data.errors import OilbirdError
-from decoder.profile_spread import spread_fields
+from decoder.cost.spread import spread_fields
 
 # "n,n,n:reps:out_path"; <out_path>.batch holds the rows of the walk. Not OILBIRD_VLLM_PROFILE: that one
 # names the proposer's profile file, which the settings check reads (data/capture/vllm_settings.py)
@@ -90,7 +90,7 @@ def _walk_rows(out: str) -> int:
 def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: Sequence[int],
                          nodes: Sequence[int], reps: int, dtype: str = "float32", seed: int = 0,
                          progress=None, batch_sizes: Sequence[int] = (1,), eager: bool = False) -> dict:
-    """The profile dict (decoder/profile.py's format, with "engine": "vllm" and "vllm_mode": compiled (vLLM's
+    """The profile dict (decoder/cost/profile.py's format, with "engine": "vllm" and "vllm_mode": compiled (vLLM's
     default compilation, what serves) or eager; `verify_s_by_batch` when a batch size above 1 is asked for)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
@@ -116,7 +116,7 @@ def measure_vllm_profile(model_dir: str, name: str, fingerprint: str, contexts: 
         os.environ[SCHEDULE_ENV] = f"{','.join(map(str, nodes))}:{reps}:{samples}"
         llm = make_llm(EngineConfig(model_dir, dtype=dtype, max_num_seqs=batches[-1], prefix_caching=False,
                                     enforce_eager=eager),
-                       {"method": "custom_class", "model": "decoder.vllm.profile.ProfileProposer",
+                       {"method": "custom_class", "model": "decoder.cost.vllm_profile.ProfileProposer",
                         "num_speculative_tokens": max(1, top)})
         vocab = llm.llm_engine.model_config.get_vocab_size()
 

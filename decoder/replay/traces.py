@@ -31,7 +31,7 @@ import numpy as np
 
 from decoder.draft import ROOT, Draft, Drafter, VerifyResult
 from decoder.loop import Cycle, speculate
-from decoder.tree import greedy_accept
+from decoder.verify.tree import greedy_accept
 
 TRACE_END = "trace_end"  # replay's stop reason: the trace ends where greedy decoding stopped
 

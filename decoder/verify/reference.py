@@ -13,7 +13,7 @@ on-disk cache holds it). `compile=False` (`--no-compile`) keeps the static cache
 fails in the untimed warm-up falls back to uncompiled with a note. `compiled` in the summary says which ran.
 The prefill is never compiled (transformers compiles the one-token decode step only).
 
-Stopping equals ours exactly: the same EOS ids and token cap handed to generate, and decoder/engine.py's
+Stopping equals ours exactly: the same EOS ids and token cap handed to generate, and decoder/verify/engine.py's
 `StopRule.reason` wrapped as a StoppingCriteria (EOS, stop strings in the decoded tail, cap), called after
 every token, so generate stops on the very token `ar` stops on. Logits processors a model's own
 generation config could add (repetition penalty, n-gram blocking, minimum length) are set neutral; any
@@ -36,10 +36,10 @@ import torch
 
 from data.capture.models import LoadedModel
 from data.store.schema import TOPK
-from decoder.engine import StopRule
+from decoder.verify.engine import StopRule
 from decoder.loop import Cycle, Generation
 
-REFERENCE_ARM = "ar"  # plain greedy decoding (decoder/engine.py decode_greedy): the audit's reference
+REFERENCE_ARM = "ar"  # plain greedy decoding (decoder/verify/engine.py decode_greedy): the audit's reference
 STATIC_ARM = "ar-static"
 WARMUP_TOKENS = 8  # decode steps of each untimed warm-up call (CUDA graphs record on the second call)
 

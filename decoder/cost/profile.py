@@ -1,11 +1,11 @@
 """`python -m decoder profile`: the time of one verification forward against draft nodes and context.
 
 What is measured, on one device, model and dtype: for each context length L (the tokens already in
-the KV cache, `past_len`), the wall time of `decoder.engine.verify_tree` feeding the anchor plus a
+the KV cache, `past_len`), the wall time of `decoder.verify.engine.verify_tree` feeding the anchor plus a
 draft tree of N nodes (N = 0 is the `ar` step: the anchor alone), the median of `reps` runs after
 one warm-up, the cache cropped back to L after every run (the fastest and the slowest of the reps are
 kept too, `verify_s_min` / `verify_s_max`: the spread the verdict is checked across,
-decoder/profile_spread.py); and the time of `decoder.engine.prefill` against prompt length. Replay
+decoder/cost/spread.py); and the time of `decoder.verify.engine.prefill` against prompt length. Replay
 (which simulates every drafter over captured greedy traces without running the model) turns passes into wall-clock with it: the estimated time of a speculative arm is
 the sum over requests of prefill_s(prompt_len) + the sum over its passes of verify_s(nodes,
 past_len) + the measured drafting and update time; plain greedy decoding is prefill_s(prompt_len)
@@ -36,10 +36,10 @@ from data.capture.models import text_config
 from data.capture.vllm_engine import vllm_mode
 from data.errors import OilbirdError, cli_entry
 from data.store.layout import default_profile_path
-from decoder.costmodel import FORMAT, REQUIRED_KEYS, CostModel, check_times  # noqa: F401 (read from here too)
+from decoder.cost.model import FORMAT, REQUIRED_KEYS, CostModel, check_times  # noqa: F401 (read from here too)
 from decoder.draft import MAX_NODES  # one bound for every CLI's --nodes
-from decoder.profile_engine import ENGINES
-from decoder.profile_spread import spread_fields
+from decoder.cost.engine_choice import ENGINES
+from decoder.cost.spread import spread_fields
 
 DEFAULT_NODES = (0, 1, 2, 4, 8, 16, 24, 32, 48, 64)
 DEFAULT_CONTEXTS = (256, 512, 1024, 2048)  # when no trace store says which lengths the traffic has
@@ -57,7 +57,7 @@ class ProfileConfig:
     reps: int = 3  # timed runs per grid point; the median is kept
     out: str = "runs"  # runs root
     file: str | None = None  # output path; default runs/profiles/<model>-<device>[-vllm].json
-    engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/vllm/profile.py: a vLLM step)
+    engine: str = "harness"  # harness (this package's verify_tree) | vllm (decoder/cost/vllm_profile.py: a vLLM step)
     #                          | auto (vllm where it can run the model, else harness: `choose_engine`)
     batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
     vllm_eager: bool = False  # vllm: measure in eager mode; default vLLM's default compilation (what serves)
@@ -73,7 +73,7 @@ def contexts_from_store(store_path: str | Path, points: int = 4) -> list[int]:
     (prompt + position) over every generated position, each rounded up to a multiple of 16; deduplicated.
 
     points = 4 gives the shortest, the 50/90% quantiles and the longest (points = 1: the longest only): the
-    whole range, so replay interpolates and never extrapolates (decoder/pricing.py)."""
+    whole range, so replay interpolates and never extrapolates (decoder/cost/pricing.py)."""
     from data.store.storeset import open_store_or_set
 
     if points < 1:
@@ -161,7 +161,7 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
     from transformers import DynamicCache
 
     from decoder.drafters.recycling import default_template
-    from decoder.engine import prefill, verify_tree
+    from decoder.verify.engine import prefill, verify_tree
 
     if reps < 1:
         raise OilbirdError(f"--reps must be at least 1 (got {reps})")
@@ -224,7 +224,7 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
         "threads": torch.get_num_threads(), "torch": torch.__version__,
         "nodes": nodes, "contexts": contexts, "verify_s": verify_s,
         "prefill_lengths": lengths, "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
-        **spread_fields(ends),  # the fastest and slowest rep of every verify point (decoder/profile_spread.py)
+        **spread_fields(ends),  # the fastest and slowest rep of every verify point (decoder/cost/spread.py)
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
@@ -295,7 +295,7 @@ def resolve_engine(cfg: ProfileConfig, say: bool = True) -> ProfileConfig:
     if cfg.engine != "auto":
         return cfg
     from data.capture.models import resolve_model
-    from decoder.profile_engine import choose_engine
+    from decoder.cost.engine_choice import choose_engine
 
     engine, note = choose_engine("auto", resolve_model(cfg.model), cfg.batch_sizes)
     if note and say:
@@ -333,7 +333,7 @@ def profile_falls_short(path: Path, cfg: ProfileConfig) -> str | None:
         return f"measured batch sizes {','.join(map(str, cost.batch_sizes()))}, not {','.join(map(str, missing))}"
     if cfg.bench is not None and cfg.contexts is None:
         longest = resolve_contexts(cfg, model_slug(cfg.model))[-1]
-        if longest > cost.contexts_range()[1]:  # the store grew past it (replay would refuse: decoder/pricing.py)
+        if longest > cost.contexts_range()[1]:  # the store grew past it (replay would refuse: decoder/cost/pricing.py)
             return f"measured contexts up to {cost.contexts_range()[1]}, the store reaches {longest}"
     return None
 
@@ -343,7 +343,7 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     from data.capture.models import load_model
     from data.store.files import atomic_write_json
     from data.store.layout import model_slug
-    from decoder.engine import check_supported
+    from decoder.verify.engine import check_supported
 
     bad = [n for n in cfg.nodes if not 0 <= n <= MAX_NODES]
     if bad:
@@ -369,7 +369,7 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         print(f"note: context lengths clipped to the model's {max_positions(lm.model)} positions: "
               f"{','.join(map(str, clipped))}", file=sys.stderr)
     if cfg.engine == "vllm":
-        from decoder.vllm.profile import measure_vllm_profile
+        from decoder.cost.vllm_profile import measure_vllm_profile
 
         dtype = str(lm.dtype).removeprefix("torch.")
         model_dir, lm.model = lm.path, None  # vLLM loads its own copy; this one is not needed any more
@@ -405,7 +405,7 @@ def profile_main(argv: list[str] | None = None) -> int:
                    help="do nothing when the output file already exists (what `make census` uses)")
     p.add_argument("--engine", choices=ENGINES, default="harness",
                    help="harness (default: one verify_tree forward), vllm (one vLLM engine step; "
-                        "decoder/vllm/profile.py; written as <model>-<device>-vllm.json) or auto (vllm where it "
+                        "decoder/cost/vllm_profile.py; written as <model>-<device>-vllm.json) or auto (vllm where it "
                         "can run the model, else the harness, saying so: what `make census` uses)")
     p.add_argument("--print-path", action="store_true",
                    help="print the file the profile goes to (--file, else the default name for the model's slug and "

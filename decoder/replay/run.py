@@ -2,7 +2,7 @@
 
 Replay runs the decoder's own drafter classes through the one speculative loop and the one request
 runner the live decoder uses (decoder/loop.py `speculate`, `serve_requests`), with the model's
-verification forward replaced by the store (decoder/traces.py `TraceVerifier`: SuffixDecoding's
+verification forward replaced by the store (decoder/replay/traces.py `TraceVerifier`: SuffixDecoding's
 offline simulator, for every arm, the semantic source included; which arms replay exactly, and why the
 others do not, is `exactness` there):
 
@@ -14,7 +14,7 @@ others do not, is `exactness` there):
                                           the traces of its own prompt hash (as every pool does)
 
 Time. Drafting and update times are measured per pass. The model's time comes from a profile of one
-verification forward against node count and context (decoder/profile.py, `python -m decoder
+verification forward against node count and context (decoder/cost/profile.py, `python -m decoder
 profile`): estimated arm time = prefill + sum over passes of verify(nodes, context) + drafting +
 update + pool insertion; plain greedy = prefill + verify(0, context) per token.
 
@@ -24,7 +24,7 @@ keeps the states in faiss instead); `--store-budget B` bounds the past pool to t
 data/index/budget.py window (request r drafts from requests s(r) .. r-1 only); a store with a `tenant`
 column gets one drafter per tenant, so no request drafts from another tenant's traces.
 
-Arm runs (decoder/replay_runs.py): each (arm, nodes) replays on its own, in worker processes on this
+Arm runs (decoder/replay/arms.py): each (arm, nodes) replays on its own, in worker processes on this
 machine (`--jobs`) or as one Ray task each (`--ray auto|local:N|HOST:PORT`); the outputs are the same
 either way, timings aside (tests/test_scale_rayablations.py).
 
@@ -67,7 +67,7 @@ from data.store.meta import unsealed_note
 from data.store.sampling import sampled_note, sampled_requests
 from data.store.storeset import current_summary, open_store_or_set, read_store_meta, set_provenance
 from decoder.draft import nodes_error
-from decoder.passes import paired_ratio, pass_statistics
+from decoder.verify.passes import paired_ratio, pass_statistics
 from decoder.policy import DECISION_ARMS, FORM_PAIRS, decision_arms, paired_arm
 from decoder.pools import (
     INDEX_HELP,
@@ -77,17 +77,17 @@ from decoder.pools import (
     resolve_budget,
     warmup_note,
 )
-from decoder.pricing import arm_batch, check_coverage, check_nodes, cost_sized_arms, priced_span
-from decoder.profile_spread import spread_ends, spread_width
-from decoder.replay_runs import (  # noqa: F401  (replay_arm: one arm's replay, imported from here by its users)
+from decoder.cost.pricing import arm_batch, check_coverage, check_nodes, cost_sized_arms, priced_span
+from decoder.cost.spread import spread_ends, spread_width
+from decoder.replay.arms import (  # noqa: F401  (replay_arm: one arm's replay, imported from here by its users)
     ArmReplay,
     check_ray,
     replay_arm,
     run_in_processes,
     run_on_ray,
 )
-from decoder.traces import Trace, load_traces, uses_states
-from decoder.workers import check_jobs
+from decoder.replay.traces import Trace, load_traces, uses_states
+from decoder.replay.workers import check_jobs
 
 # `--arms decision` (what `make census` replays): decoder/policy.py's decision_arms for the profile's engine
 DECISION = "decision"
@@ -113,7 +113,7 @@ class ReplayConfig:
     seed: int = 0
     profile: str | None = None  # None = runs/profiles/<model slug>-cpu.json when it exists
     jobs: int = 0  # worker processes (arms run in parallel); 0 = min(arms, CPU cores); not with ray
-    ray: str | None = None  # --ray auto|local:N|HOST:PORT: one Ray task per (arm, nodes) (decoder/replay_runs.py);
+    ray: str | None = None  # --ray auto|local:N|HOST:PORT: one Ray task per (arm, nodes) (decoder/replay/arms.py);
     #                         None = this machine's worker processes (jobs)
     progress: bool = True
     index: str = DEFAULT_INDEX  # --index: the semantic key's index (data/index/stateindex.py; decoder/pools.py)
@@ -123,7 +123,7 @@ class ReplayConfig:
     results_dir: str | None = None  # where the arm folders go (default runs/<bench>/<model>/replay[-warm])
     pair_against: str | None = None  # every arm's paired tau gain against this arm (default: PAIRED, oilbird vs oilbird-no-semantic)
     sizing: str = "profile"  # profile: the arms with size auto size their drafts by the profile that prices them
-    #                          (decoder/sizing.py); flat: by a flat cost, every candidate kept (the fixed-budget
+    #                          (decoder/drafters/sizing.py); flat: by a flat cost, every candidate kept (the fixed-budget
     #                          tree: the ablations' setting, the paper's B = 60)
 
 
@@ -156,7 +156,7 @@ def resolve_arms(arms: Sequence[str]) -> list[str]:
 
 def estimate(run: ArmReplay, traces: list[Trace], cost, boot: RequestBootstrap | None) -> tuple[dict, np.ndarray, np.ndarray]:
     """Estimated seconds per request for plain greedy and for this arm, and the summary block."""
-    from decoder.profile import profile_vllm_mode
+    from decoder.cost.profile import profile_vllm_mode
 
     R = len(traces)
     ar_r, arm_r = np.zeros(R), np.zeros(R)
@@ -248,9 +248,9 @@ def check_config(cfg: ReplayConfig) -> None:
 
 
 def load_cost(cfg: ReplayConfig, slug: str, fingerprint: str):
-    """The verification-cost profile (decoder/profile.py), or (None, why not)."""
+    """The verification-cost profile (decoder/cost/profile.py), or (None, why not)."""
     from data.capture.models import pick_device
-    from decoder.profile import CostModel
+    from decoder.cost.profile import CostModel
 
     path = Path(cfg.profile) if cfg.profile else default_profile_path(cfg.out, slug, pick_device(None).type)
     if not cfg.profile and not path.exists():
@@ -274,7 +274,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
     cost, cost_note = load_cost(cfg, slug, meta["model_fingerprint"])
     ends, spread_note = spread_ends(cost) if cost is not None else (None, None)  # a damaged spread: refused here
     traces = load_traces(store, cfg.limit, cfg.max_new_tokens)
-    context_note = None if cost is None else check_coverage(  # only what the profile measured (decoder/pricing.py)
+    context_note = None if cost is None else check_coverage(  # only what the profile measured (decoder/cost/pricing.py)
         cost, arms, cfg.nodes, cost_sized_arms(arms, cfg.sizing),
         priced_span([len(t.prompt) for t in traces], [len(t.tokens) for t in traces], cost.contexts_range()[0]))
     if context_note:
@@ -330,7 +330,7 @@ def run_replay(cfg: ReplayConfig) -> dict[tuple[str, int], dict]:
 def run_jobs(cfg: ReplayConfig, jobs: list[tuple[str, int]], traces: list[Trace], path: Path, vocab_size: int,
              settings: PoolSettings) -> dict[tuple[str, int], ArmReplay]:
     """Every (arm, nodes) of `jobs`, on Ray (`cfg.ray`: one task each) or in this machine's worker processes."""
-    if cfg.ray is not None:  # one Ray task per (arm, nodes) (decoder/replay_runs.py); the same runs
+    if cfg.ray is not None:  # one Ray task per (arm, nodes) (decoder/replay/arms.py); the same runs
         return run_on_ray(cfg.ray, jobs, traces, cfg.pool, vocab_size, settings, cfg.progress)
     return run_in_processes(jobs, traces, path, cfg.pool, cfg.limit, cfg.max_new_tokens, vocab_size, settings,
                             cfg.jobs or min(len(jobs), os.cpu_count() or 1), cfg.progress)
@@ -340,7 +340,7 @@ def add_profile_spread(cfg: ReplayConfig, summaries: dict, runs: dict, traces: l
                        vocab_size: int, settings: PoolSettings, boot: RequestBootstrap | None, cost,
                        ends: dict | None, note: str | None) -> None:
     """The verdict's pair (decoder/policy.py FORM_PAIRS, both replayed here) at both ends of the profile's measured
-    spread (decoder/profile_spread.py): the key-on arm's summary gets `profile_spread` {reps, width, note, ends:
+    spread (decoder/cost/spread.py): the key-on arm's summary gets `profile_spread` {reps, width, note, ends:
     {fast, slow: the inputs of the verdict there}}; `ends` null and `note` saying so when the spread is unknown.
 
     Only what the profile changes is replayed again: the pair's cost-sized arms (size auto under --sizing
@@ -477,8 +477,8 @@ def add_paired_gains(summaries: dict, runs: dict, arm_seconds: dict, pair_agains
 
 
 def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> None:
-    """One folder per arm, written whole and swapped in (decoder.harness.write_folder)."""
-    from decoder.harness import cycles_table, write_folder
+    """One folder per arm, written whole and swapped in (decoder.live.harness.write_folder)."""
+    from decoder.live.harness import cycles_table, write_folder
 
     root = Path(cfg.results_dir) if cfg.results_dir else replay_dir(cfg.out, cfg.bench, slug, cfg.pool)
     for arm in dict.fromkeys(a for a, _ in summaries):
@@ -494,7 +494,7 @@ def replay_main(argv: list[str] | None = None) -> int:
     import argparse
 
     from data.errors import cli_entry
-    from decoder.replay_table import format_table
+    from decoder.replay.table import format_table
 
     @cli_entry
     def main(argv):

@@ -1,13 +1,13 @@
 """A verification-cost profile prices only what it measured (issue 35, item 2).
 
-A profile (decoder/profile.py) is measured over some node counts, context lengths and batch sizes. A replay
-prices plain greedy decoding and every arm's passes with it (decoder/replay.py `estimate`). Before the replay
+A profile (decoder/cost/profile.py) is measured over some node counts, context lengths and batch sizes. A replay
+prices plain greedy decoding and every arm's passes with it (decoder/replay/run.py `estimate`). Before the replay
 runs, `check_coverage` refuses, in one line naming the arm, the quantity, the measured range and the command
 that measures a wider profile:
   - an arm sized for a batch size the profile did not measure (`arm@batch=B`);
   - greedy decoding's step, 0 draft nodes (the baseline of every speedup), when the profile did not measure 0;
   - passes of more draft nodes than the profile measured: a fixed-size arm may fill its whole budget, so its
-    budget is what is checked; a cost-sized arm (size auto, decoder/sizing.py) chooses among the measured
+    budget is what is checked; a cost-sized arm (size auto, decoder/drafters/sizing.py) chooses among the measured
     counts only (its search stops at the largest), so its budget may exceed them: that is no extrapolation;
   - steps over a longer context (tokens already in the cache) than the longest measured, and prompts longer
     than the longest measured prefill.
@@ -18,7 +18,7 @@ Contexts shorter than the shortest measured one are not refused: they are priced
 and the summary says so (`estimate.context_note`: how many of greedy's steps, from which context). A step
 over a shorter cache does no more work than one over a longer cache, so this prices those steps at most at
 what they cost, greedy's and the arm's alike; and a profile measured from a store written before its
-shortest context was measured (the 10% quantile, older decoder/profile.py) still prices it. Longer contexts
+shortest context was measured (the 10% quantile, older decoder/cost/profile.py) still prices it. Longer contexts
 are refused instead, even slightly longer ones: that is where the traffic grows (an extended store), and a
 step there may cost more than anything measured. docs/replay.md says the same.
 """
@@ -34,7 +34,7 @@ import numpy as np
 
 from data.errors import OilbirdError
 
-CONTEXT_ROUND = 16  # a context the wider profile should measure is rounded up to this (decoder/profile.py's grid)
+CONTEXT_ROUND = 16  # a context the wider profile should measure is rounded up to this (decoder/cost/profile.py's grid)
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,7 @@ class PricedSpan:
 
 
 def priced_span(prompt_lengths: Sequence[int], generated: Sequence[int], shortest_measured: int) -> PricedSpan:
-    """The contexts and prompt lengths a replay of these requests prices (decoder/replay.py `estimate`: the
+    """The contexts and prompt lengths a replay of these requests prices (decoder/replay/run.py `estimate`: the
     cache holds the prompt minus its last token, the anchor, then one more token per step)."""
     prompt = np.asarray(prompt_lengths, dtype=np.int64)
     tokens = np.asarray(generated, dtype=np.int64)
@@ -129,7 +129,7 @@ def check_coverage(cost, arms: Sequence[str], budgets: Sequence[int], cost_sized
 
 def cost_sized_arms(arms: Sequence[str], sizing: str) -> list[bool]:
     """Per arm, whether the profile sizes its drafts (size auto under `--sizing profile`): its passes then
-    verify only node counts the profile measured (decoder/sizing.py StepCost)."""
+    verify only node counts the profile measured (decoder/drafters/sizing.py StepCost)."""
     from decoder.drafters import make_drafter
 
     if sizing != "profile":

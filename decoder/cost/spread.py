@@ -1,6 +1,6 @@
 """The spread of a profile's repetitions, and the cost models at its two ends (issue 45, item 2).
 
-A verification-cost profile (decoder/profile.py, decoder/vllm/profile.py) times every (context, nodes) point
+A verification-cost profile (decoder/cost/profile.py, decoder/cost/vllm_profile.py) times every (context, nodes) point
 `reps` times and keeps the median in `verify_s`; it also keeps the fastest and the slowest of those reps,
 `verify_s_min` and `verify_s_max` (the same contexts x nodes grid). The profile sizes the cost-sized drafts and
 prices every arm, so the sole-source share and the speedups, and with them the verdict, move with it. Two
@@ -11,7 +11,7 @@ ends of the measured spread:
 
 Prefill stays at its median (it prices greedy and every arm alike, and sizes nothing), as do the batch-size
 grids (`verify_s_by_batch`: the verdict's pair is sized for batch 1). Replay sizes and prices the verdict's
-pair at both ends (decoder/replay.py `profile_spread`) and the decision block says whether the verdict holds
+pair at both ends (decoder/replay/run.py `profile_spread`) and the decision block says whether the verdict holds
 at both (decoder/verdict.py `spread_line`). This is the spread taken whole, every point at one end at once;
 a mix of ends (one point fast, its neighbour slow) can size the drafts differently again, and is not tried.
 
@@ -51,8 +51,8 @@ def _remeasure(cost) -> str:
 def spread_ends(cost) -> tuple[dict | None, str | None]:
     """({"fast": CostModel, "slow": CostModel}, None) for a profile that kept its spread, else (None, the line
     saying why it is unknown). A spread that is not one is an OilbirdError naming the file. The ends are
-    built as `cost`'s own class (decoder/profile.py's CostModel): this module imports none of decoder/profile.py,
-    which imports it."""
+    built as `cost`'s own class (decoder/cost/model.py's CostModel): this module imports none of
+    decoder/cost/profile.py, which imports it."""
     meta = cost.meta
     name = meta.get("path") or "the profile"
     present = [k for k in SPREAD_KEYS if meta.get(k) is not None]

@@ -31,9 +31,9 @@ Every arm drafts at the fixed node budget (`--sizing flat`: the size-auto arms k
 paper's B = 60), so the table reads as the paper's; the tree sized for tokens per second is the replay's
 (`make census`).
 Not measured: in replay the ring buffer records nothing, so rollouts=0 equals oilbird there
-(decoder/replay.py).
+(decoder/replay/run.py).
 Where the arm runs go: worker processes on this machine (`--jobs`, one per core by default), or one Ray
-task per arm (`--ray auto|local:N|HOST:PORT`, decoder/replay_runs.py: the same results, timings aside;
+task per arm (`--ray auto|local:N|HOST:PORT`, decoder/replay/arms.py: the same results, timings aside;
 `make ablations RAY=local:8`).
 Results: runs/<bench>/<model>/ablations/<arm>/ (replay's folders) and ablations.json beside them.
 """
@@ -106,7 +106,7 @@ def inverse_gain(folder: Path, arm: str, n_requests: int, bootstrap: int,
     tokens), and its request-bootstrap interval: the replay's own draws (same request count and seed),
     each resampling both arms' requests jointly, so it is the bootstrap of this ratio itself (not 1/hi..1/lo)."""
     from data.stats import RequestBootstrap
-    from decoder.passes import paired_ratio
+    from decoder.verify.passes import paired_ratio
 
     boot = RequestBootstrap(n_requests, bootstrap, seed) if bootstrap > 0 else None
     return paired_ratio(request_passes(folder, arm, n_requests), request_passes(folder, MERGED, n_requests), boot)
@@ -115,7 +115,7 @@ def inverse_gain(folder: Path, arm: str, n_requests: int, bootstrap: int,
 def run(bench: str, model: str, out: str, nodes: int, bootstrap: int, jobs: int, progress: bool,
         ray: str | None = None) -> dict:
     """The table: one replay of every arm (jobs: worker processes; ray: one Ray task per arm instead)."""
-    from decoder.replay import ReplayConfig, run_replay
+    from decoder.replay.run import ReplayConfig, run_replay
 
     arms = list(dict.fromkeys([MERGED, *(a for _, a in ABLATIONS), *(a for _, rungs in LADDER for a in rungs),
                                *(a for _, a in HEADLINE)]))  # one replay; an arm named twice runs once

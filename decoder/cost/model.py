@@ -1,5 +1,5 @@
 """The verification-cost model a profile is read into (`CostModel`) and the check of its times (`check_times`),
-split from decoder/profile.py (which measures and writes profiles, and imports these back): seconds of one
+split from decoder/cost/profile.py (which measures and writes profiles, and imports these back): seconds of one
 verification forward, verify_s(nodes, past_len), bilinear over the measured grid, and of prefill,
 prefill_s(prompt_len). Imports nothing of the decoder's measuring side (no model, no vLLM)."""
 
@@ -91,8 +91,8 @@ class CostModel:
 
     verify_s: bilinear over the measured (context, nodes) grid, never extrapolated: a context or node count
     outside the measured range takes the value at the nearest measured one (a replay that would price such
-    a step refuses first, or notes it: decoder/pricing.py; the cost-sized drafts never ask beyond the
-    measured nodes: decoder/sizing.py). prefill_s: piecewise linear between the measured lengths and from
+    a step refuses first, or notes it: decoder/cost/pricing.py; the cost-sized drafts never ask beyond the
+    measured nodes: decoder/drafters/sizing.py). prefill_s: piecewise linear between the measured lengths and from
     (0 tokens, 0 s) up to the first; the last measured value beyond the last.
     Both take scalars (-> float) or numpy arrays (broadcast; -> array).
     """
@@ -211,7 +211,7 @@ class CostModel:
     def prefill_s(self, prompt_len):
         # a prefill of no tokens takes no time: (0, 0) is the curve's first point, so a prompt shorter than the
         # shortest measured one is interpolated, not extrapolated; beyond the longest, its value (never priced:
-        # decoder/pricing.py refuses longer prompts)
+        # decoder/cost/pricing.py refuses longer prompts)
         x = np.clip(np.asarray(prompt_len, dtype=np.float64), 0.0, self.prefill_lengths[-1])
         lengths, times = self.prefill_lengths, self.prefill
         if lengths[0] > 0:
