@@ -16,9 +16,13 @@ table prints each as the median over the rounds with [min-max]; tau, the audit a
 from round 1; `--json` holds every summary (tokens_per_s_rounds, speedup_rounds,
 speedup_vs_fastest_ar_rounds, their _range, round_order, rounds_identical).
 
+`oilbird+graph` and `oilbird+eager` are the same arm through the graph verifier (fixed shapes, compiled in the
+warm-up: decoder/verify/graph.py) and the eager one; the cost-aware arms are sized by this machine's harness
+profile (--profile auto, measured once and cached; docs/decoder.md).
+
 Usage: python benchmarks/bench_decode.py [--model smollm2-135m] [--apibank-limit 100]
 [--gsm8k-limit 50] [--limit N (both)] [--arms ar,ar-static,pld,...] [--nodes 60] [--max-new-tokens N]
-[--rounds 3] [--no-compile] [--out runs] [--json PATH]
+[--rounds 3] [--no-compile] [--verifier auto|graph|eager] [--profile auto|flat|PATH] [--out runs] [--json PATH]
 """
 
 from __future__ import annotations
@@ -35,8 +39,9 @@ from data.errors import OilbirdError, cli_entry
 from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode, with_range
 from decoder.verify.reference import STATIC_ARM
 
-# the harness's default arms with ar-static beside ar
-BENCH_ARMS = (DEFAULT_ARMS[0], STATIC_ARM, *DEFAULT_ARMS[1:])
+# the harness's default arms with ar-static beside ar, and oilbird through both verifiers (decoder/verify/graph.py
+# and the eager one), side by side in one run
+BENCH_ARMS = (DEFAULT_ARMS[0], STATIC_ARM, *DEFAULT_ARMS[1:-1], "oilbird+graph", "oilbird+eager")
 SPEED_HEADS = ("tok/s", "speedup", "vs fastest ar")
 
 
@@ -113,6 +118,10 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                          "speedups are medians over the rounds [min-max] (default 3)")
     ap.add_argument("--no-compile", action="store_true", help="ar-static without torch.compile (static cache, eager)")
     ap.add_argument("--json", default=None, help="also write every summary here")
+    ap.add_argument("--verifier", default="auto", choices=("auto", "graph", "eager"),
+                    help="the verifier of arms written without +graph/+eager (default auto: graph on a GPU)")
+    ap.add_argument("--profile", default="auto", metavar="PATH|auto|flat",
+                    help="what sizes the cost-aware arms (default auto: this machine's harness profile)")
 
 
 def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[dict]:
@@ -128,7 +137,8 @@ def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[d
     for bench, limit in limits.items():
         cfg = DecodeConfig(bench=bench, model=args.model, arms=arms, limit=limit, nodes=args.nodes,
                            max_new_tokens=args.max_new_tokens, out=args.out, dtype=args.dtype, device=args.device,
-                           rounds=args.rounds, static_compile=False if args.no_compile else None)
+                           rounds=args.rounds, static_compile=False if args.no_compile else None,
+                           verifier=args.verifier, profile=args.profile)
         rows += list(run_decode(cfg, lm=lm).values())
     if legend:
         print(legend)

@@ -187,6 +187,13 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
     known = [REFERENCE_ARM, STATIC_ARM, *factories]
     library = library_drafters()
     for a in names:
+        base, kind = split_verifier(a)
+        if kind is not None:  # `arm+graph` / `arm+eager`: the arm through that verifier (both in one run)
+            if base in (REFERENCE_ARM, STATIC_ARM):
+                raise OilbirdError(f"arm '{a}': {base} verifies no draft; +graph and +eager are for drafter arms")
+            resolve_arms((base,), factories)
+            factories[a] = factories[base]
+            continue
         if a in known:
             continue
         base = a.partition("@")[0]
@@ -199,6 +206,18 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
         factories[a] = library_factory(a)
     added = REFERENCE_ARM not in names
     return [REFERENCE_ARM] + [a for a in names if a != REFERENCE_ARM], added
+
+
+VERIFIER_SUFFIXES = ("+graph", "+eager")
+
+
+def split_verifier(arm: str) -> tuple[str, str | None]:
+    """`oilbird+graph` -> ("oilbird", "graph"): an arm written with the verifier it runs through (bench-decode
+    serves oilbird through both, side by side); a plain name -> (name, None): the run's --verifier."""
+    for suffix in VERIFIER_SUFFIXES:
+        if arm.endswith(suffix):
+            return arm[:-len(suffix)], suffix[1:]
+    return arm, None
 
 
 def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray, str]]:
@@ -233,6 +252,7 @@ class ArmRun:
     warm_s: float = 0.0
     drafter_stats: dict | None = None  # the drafters' own counters (`Drafter.counters`), e.g. the semantic key's
     pools: dict | None = None  # TenantPools.summary (drafter arms): tenants, budget, the largest pool
+    verifier: dict | None = None  # the graph verifier's block for this arm (GraphVerifier.describe); None: eager
 
 
 def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeConfig, stop,
@@ -275,6 +295,7 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
                         tok_s=f"{totals['tokens'] / max(totals['seconds'], 1e-9):.1f}", refresh=False)
         bar.update(1)
 
+    before = graph.snapshot() if graph is not None else None
     try:
         gens, pool_s = serve_requests(prompts, tenants, pools, decode, on_request=show)
     finally:
@@ -282,7 +303,8 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         if tap is not None:
             tap.close()
     stats = pools.counters() if pools is not None else None
-    return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None)
+    return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None,
+                  graph.describe(before) if graph is not None and pools is not None else None)
 
 
 def tokens_per_s(run: ArmRun) -> float:
@@ -440,6 +462,7 @@ class Serving:
     budget_tokens: int | None
     static: StaticGreedy | None  # ar-static, built and warmed (compiled) once; None when it does not run
     graph: object  # the graph verifier (decoder/verify/graph.py), compiled once for every drafter arm; None: eager
+    graph_arms: set  # the drafter arms that verify through it
     base: dict  # the fields every arm's summary.json shares
     out_dir: Path
 
@@ -496,12 +519,17 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
     check_context(lm, requests, prompts, max_new)
     warm_up(lm, prompts[0])
-    cost, _, sizing = resolve_live_profile(cfg.profile, lm, [len(p) for p in prompts], max_new, cfg.nodes, cfg.out,
-                                           cfg.progress)
+    drafting = any(a not in (REFERENCE_ARM, STATIC_ARM) for a in arms)
+    cost, sizing = None, None  # (no drafter arm: nothing is sized)
+    if drafting:
+        cost, _, sizing = resolve_live_profile(cfg.profile, lm, [len(p) for p in prompts], max_new, cfg.nodes,
+                                               cfg.out, cfg.progress)
     cfg.step_cost = cost
     graph = None
     verifier = resolve_verifier(cfg.verifier, lm.device)
-    if verifier == "graph" and any(a not in (REFERENCE_ARM, STATIC_ARM) for a in arms):
+    graph_arms = {a for a in arms
+                  if a not in (REFERENCE_ARM, STATIC_ARM) and (split_verifier(a)[1] or verifier) == "graph"}
+    if graph_arms:
         graph = GraphVerifier(lm, stop, cfg.nodes, capacity_for(max(len(p) for p in prompts) + max_new + 2 * cfg.nodes))
         print(f"note: --verifier graph: compiling the verify forward for {len(graph.buckets)} row buckets "
               f"({','.join(map(str, graph.buckets))}; untimed, minutes on a CPU)", file=sys.stderr)
@@ -528,8 +556,8 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         "rounds": cfg.rounds, "round_order": [arms[r % n:] + arms[:r % n] for r in range(cfg.rounds)],
         "sizing": sizing, "verifier_kind": verifier,
     }
-    return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, graph, base,
-                   out_dir), lm
+    return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, graph,
+                   graph_arms, base, out_dir), lm
 
 
 def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
@@ -543,7 +571,7 @@ def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
         for k, name in enumerate(order):
             run = serve_arm(name, lm, sv.prompts, cfg, sv.stop, sv.factories.get(name), sv.warm_pool,
                             f"{name} (round {r + 1}/{rounds}, {k + 1}/{n})", sv.tenants, sv.budget_tokens,
-                            sv.static if name == STATIC_ARM else None, sv.graph)
+                            sv.static if name == STATIC_ARM else None, sv.graph if name in sv.graph_arms else None)
             speeds[name].append(tokens_per_s(run))
             if r == 0:
                 first[name] = run
@@ -561,14 +589,14 @@ def serve_rounds(cfg: DecodeConfig, lm: LoadedModel, sv: Serving):
     return first, speeds, differ
 
 
-def verifier_block(name: str, sv: Serving) -> dict:
+def verifier_block(run: ArmRun) -> dict:
     """summary.json's `verifier`: how the arm's passes were verified (ar: one eager forward a token; ar-static:
-    transformers' generate; a drafter arm: the graph verifier's counters, or eager)."""
-    if name == REFERENCE_ARM:
+    transformers' generate; a drafter arm: the graph verifier's counters in round 1, or eager)."""
+    if run.name == REFERENCE_ARM:
         return {"kind": "eager-greedy"}
-    if name == STATIC_ARM:
+    if run.name == STATIC_ARM:
         return {"kind": "generate-static"}
-    return sv.graph.describe() if sv.graph is not None else {"kind": "eager"}
+    return run.verifier or {"kind": "eager"}
 
 
 def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
@@ -590,7 +618,7 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         summary.update({"rounds_identical": not differ[name], "round_mismatches": differ[name]})
         if name == STATIC_ARM:
             summary.update(sv.static.summary())
-        summary["verifier"] = verifier_block(name, sv)
+        summary["verifier"] = verifier_block(run)
         write_folder(sv.out_dir / component(name, "arm"), {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                          "requests.parquet": requests_table(run, sv.requests, sv.prompts),
                                          "summary.json": summary})

@@ -32,6 +32,7 @@ mutation, which the compiled graph keeps; a hook's Python side effects it would 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import sys
 import time
@@ -229,13 +230,19 @@ class GraphVerifier(ModelVerifier):
     def close(self) -> None:
         self._hook.remove()
 
-    def describe(self) -> dict:
-        """summary.json's `verifier` block."""
-        s = self.stats
+    def describe(self, since: GraphStats | None = None) -> dict:
+        """summary.json's `verifier` block: the compiles and recompiles of the whole run so far (the verifier is
+        shared by every arm), and with `since` (a `snapshot` taken when an arm began) that arm's passes,
+        overflows and cache growths."""
+        s, b = self.stats, since or GraphStats()
         return {"kind": self.kind, "buckets": list(self.buckets), "capacity": self.capacity,
                 "compiles": s.compiles, "recompiles_after_warmup": s.recompiles_after_warmup,
-                "growth_compiles": s.growth_compiles, "cache_growths": s.cache_growths,
-                "overflow_passes": s.overflow_passes, "passes": s.passes, "warmup_s": round(s.warmup_s, 3)}
+                "growth_compiles": s.growth_compiles, "cache_growths": s.cache_growths - b.cache_growths,
+                "overflow_passes": s.overflow_passes - b.overflow_passes, "passes": s.passes - b.passes,
+                "warmup_s": round(s.warmup_s, 3)}
+
+    def snapshot(self) -> GraphStats:
+        return dataclasses.replace(self.stats)
 
     # -- the compiled pass ---------------------------------------------------------------------------------------
 

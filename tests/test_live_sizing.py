@@ -1,0 +1,84 @@
+"""The live decoder sized by this machine's profile (decoder/cost/live.py, `--profile PATH|auto|flat`) and served
+through the graph verifier (`--verifier graph`), end to end on stories260k: every arm lossless against ar."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from conftest import STORY_PROMPTS, write_jsonl
+from decoder.cost.live import live_contexts, live_nodes
+from decoder.live.harness import DecodeConfig, run_decode
+
+
+def test_live_grid():
+    assert live_contexts([10, 20, 30], 64) == [16, 32, 48, 96]
+    assert live_contexts([300], 0) == [304]
+    assert live_nodes(60) == [0, 1, 2, 4, 8, 16, 24, 32, 48, 60]
+    assert live_nodes(0) == [0]
+
+
+def _cfg(tmp_path, **kw):
+    bench = write_jsonl(tmp_path / "b.jsonl", STORY_PROMPTS[:3])
+    return DecodeConfig(bench=bench, model="stories260k", arms=("ar", "oilbird", "lexical"), max_new_tokens=40,
+                        out=str(tmp_path / "runs"), progress=False, **kw)
+
+
+def test_profile_auto_measures_once_then_reads_it(stories, tmp_path, capsys):
+    first = run_decode(_cfg(tmp_path, profile="auto"), lm=stories)
+    err = capsys.readouterr().err
+    path = tmp_path / "runs" / "profiles" / "stories260k-cpu.json"
+    assert "measuring this machine's verification cost once" in err and path.is_file()
+    assert first["oilbird"]["sizing"] == f"harness profile {path} (measured now)"
+    assert first["oilbird"]["drafter_stats"]["step_cost"] == "harness profile, batch 1"
+    created = json.loads(path.read_text())["created"]
+    again = run_decode(_cfg(tmp_path, profile="auto"), lm=stories)
+    assert "measuring" not in capsys.readouterr().err and json.loads(path.read_text())["created"] == created
+    assert again["oilbird"]["sizing"] == f"harness profile {path}"
+    for s in (*first.values(), *again.values()):
+        assert s["lossless"]["lossless"] and s["lossless"]["matched"] == s["requests"], s["arm"]
+    flat = run_decode(_cfg(tmp_path, profile="flat"), lm=stories)
+    assert flat["oilbird"]["sizing"] == "flat" and flat["oilbird"]["drafter_stats"]["step_cost"] == "flat"
+    # a profile sized by cost verifies no more nodes a pass than the flat cost's whole candidate tree
+    assert first["oilbird"]["mean_nodes"] <= flat["oilbird"]["mean_nodes"] + 1e-9
+
+
+def test_a_profile_of_another_model_is_refused(stories, tmp_path, capsys):
+    from decoder.__main__ import main
+
+    run_decode(_cfg(tmp_path, profile="auto"), lm=stories)
+    path = tmp_path / "runs" / "profiles" / "stories260k-cpu.json"
+    d = json.loads(path.read_text())
+    d["model_fingerprint"], d["model"] = "0" * 16, "another-model"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps(d))
+    bench = write_jsonl(tmp_path / "c.jsonl", STORY_PROMPTS[:1])
+    argv = ["--bench", bench, "--model", "stories260k", "--arms", "ar,oilbird", "--out", str(tmp_path / "r2"),
+            "--quiet", "--max-new-tokens", "8"]
+    capsys.readouterr()
+    assert main(argv + ["--profile", str(other)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --profile") and "another-model's, not stories260k's" in err and "\n" not in err
+    assert main(argv + ["--profile", str(tmp_path / "none.json")]) == 2
+    assert "--profile must be auto, flat or a profile file" in capsys.readouterr().err
+    assert not (tmp_path / "r2").exists()
+
+
+def test_every_arm_through_the_graph_verifier_is_lossless(stories, tmp_path):
+    cfg = _cfg(tmp_path, profile="flat", verifier="graph", nodes=12)
+    cfg.arms = ("ar", "oilbird", "lexical", "pld")
+    out = run_decode(cfg, lm=stories)
+    for arm, s in out.items():
+        assert s["lossless"]["lossless"] and s["lossless"]["matched"] == s["requests"] == 3, arm
+    assert out["ar"]["verifier"] == {"kind": "eager-greedy"}
+    for arm in ("oilbird", "lexical", "pld"):
+        v = out[arm]["verifier"]
+        assert v["kind"] == "graph" and v["buckets"] == [1, 16] and v["passes"] == out[arm]["passes"]
+        assert v["recompiles_after_warmup"] == 0 and v["compiles"] >= 1
+    eager = run_decode(_cfg(tmp_path, profile="flat", verifier="eager", nodes=12), lm=stories)
+    assert eager["oilbird"]["verifier"] == {"kind": "eager"}
+    # the same passes as the eager verifier (the same drafter, the same model: only the verify differs)
+    assert eager["oilbird"]["passes"] == out["oilbird"]["passes"]
+    assert np.isclose(eager["oilbird"]["tau"], out["oilbird"]["tau"])
