@@ -36,7 +36,8 @@ import torch
 
 from data.capture.models import load_model
 from data.errors import OilbirdError, cli_entry
-from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode, with_range
+from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode
+from decoder.live.results import with_range
 from decoder.verify.reference import STATIC_ARM
 
 # the harness's default arms with ar-static beside ar, and oilbird through both verifiers (decoder/verify/graph.py

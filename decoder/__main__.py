@@ -222,7 +222,8 @@ def serve_main(argv: list[str] | None = None) -> int:
 
     from data.benchmarks.jsonl import line_bound
     from data.store.layout import check_writable, decode_dir, model_slug
-    from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, format_table, run_decode
+    from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode
+    from decoder.live.results import format_table
 
     check_writable(decode_dir(args.out, args.bench, model_slug(args.model)))  # before the model loads
 

@@ -11,7 +11,8 @@ import torch
 import decoder.live.harness as harness
 from data.capture.models import encode_prompt
 from decoder.verify.engine import decode_greedy, stop_rule
-from decoder.live.harness import DecodeConfig, format_table, run_decode, speed_summary
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.live.results import format_table, speed_summary
 from decoder.verify.reference import STATIC_ARM, StaticGreedy
 from tests.conftest import STORY_PROMPTS, write_jsonl
 

@@ -14,7 +14,9 @@ from decoder.live.harness import DecodeConfig, run_decode
 
 
 def test_live_grid():
-    assert live_contexts([10, 20, 30], 64) == [16, 32, 48, 96]
+    # quantiles 0, 1/3, 2/3, 1 of [10, 10, 20, 30, 94] (the shortest prompt, the prompts, the longest + the cap):
+    # 10, 13.3, 26.7, 94, rounded up to 16
+    assert live_contexts([10, 20, 30], 64) == [16, 32, 96]
     assert live_contexts([300], 0) == [304]
     assert live_nodes(60) == [0, 1, 2, 4, 8, 16, 24, 32, 48, 60]
     assert live_nodes(0) == [0]

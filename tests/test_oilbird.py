@@ -29,7 +29,8 @@ from decoder.drafters.semantic import (
     ngram_continuation,
     semantic_chains,
 )
-from decoder.live.harness import DecodeConfig, format_table, run_decode
+from decoder.live.harness import DecodeConfig, run_decode
+from decoder.live.results import format_table
 from decoder.verify.tree import greedy_accept
 from tests.conftest import STORY_PROMPTS, write_jsonl
 

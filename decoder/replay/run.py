@@ -477,8 +477,8 @@ def add_paired_gains(summaries: dict, runs: dict, arm_seconds: dict, pair_agains
 
 
 def write_results(cfg: ReplayConfig, slug: str, summaries: dict, runs: dict) -> None:
-    """One folder per arm, written whole and swapped in (decoder.live.harness.write_folder)."""
-    from decoder.live.harness import cycles_table, write_folder
+    """One folder per arm, written whole and swapped in (decoder.live.results.write_folder)."""
+    from decoder.live.results import cycles_table, write_folder
 
     root = Path(cfg.results_dir) if cfg.results_dir else replay_dir(cfg.out, cfg.bench, slug, cfg.pool)
     for arm in dict.fromkeys(a for a, _ in summaries):
