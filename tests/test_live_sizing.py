@@ -32,7 +32,7 @@ def test_profile_auto_measures_once_then_reads_it(stories, tmp_path, capsys):
     first = run_decode(_cfg(tmp_path, profile="auto"), lm=stories)
     err = capsys.readouterr().err
     path = tmp_path / "runs" / "profiles" / "stories260k-cpu.json"
-    assert "measuring this machine's verification cost once" in err and path.is_file()
+    assert "measuring this machine's verification cost with the eager verifier once" in err and path.is_file()
     assert first["oilbird"]["sizing"] == f"harness profile {path} (measured now)"
     assert first["oilbird"]["drafter_stats"]["step_cost"] == "harness profile, batch 1"
     created = json.loads(path.read_text())["created"]
@@ -84,3 +84,29 @@ def test_every_arm_through_the_graph_verifier_is_lossless(stories, tmp_path):
     # the same passes as the eager verifier (the same drafter, the same model: only the verify differs)
     assert eager["oilbird"]["passes"] == out["oilbird"]["passes"]
     assert np.isclose(eager["oilbird"]["tau"], out["oilbird"]["tau"])
+
+
+def test_each_verifier_is_sized_by_its_own_profile(stories, tmp_path, capsys):
+    """oilbird+graph and oilbird+eager in one run: each arm's trees are sized by the profile of the verifier that
+    verifies it (<model>-<device>-graph.json timed through the graph verifier itself), both lossless."""
+    cfg = _cfg(tmp_path, profile="auto", nodes=12)
+    cfg.arms = ("ar", "oilbird+graph", "oilbird+eager")
+    out = run_decode(cfg, lm=stories)
+    profiles = tmp_path / "runs" / "profiles"
+    graph_file, eager_file = profiles / "stories260k-cpu-graph.json", profiles / "stories260k-cpu.json"
+    assert json.loads(graph_file.read_text())["verifier"] == "graph"
+    assert json.loads(eager_file.read_text())["verifier"] == "eager"
+    assert out["oilbird+graph"]["sizing"] == f"harness profile {graph_file} (measured now)"
+    assert out["oilbird+eager"]["sizing"] == f"harness profile {eager_file} (measured now)"
+    assert out["oilbird+graph"]["verifier"]["kind"] == "graph" and out["oilbird+eager"]["verifier"] == {"kind": "eager"}
+    assert out["oilbird+graph"]["verifier"]["recompiles_after_warmup"] == 0  # the profile timed the run's own graph
+    for s in out.values():
+        assert s["lossless"]["lossless"] and s["lossless"]["matched"] == 3, s["arm"]
+
+
+def test_profile_cli_verifier_graph_needs_the_harness(capsys):
+    from decoder.cost.profile import profile_main
+
+    assert profile_main(["--model", "stories260k", "--engine", "vllm", "--verifier", "graph"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "error: --verifier graph times the harness's graph verifier: it needs --engine harness"

@@ -7,6 +7,10 @@ arms' trees (size auto, decoder/drafters/sizing.py) when the harness itself deco
          when it covers the run, else measured once before any timing, with the loaded model, and written there;
   PATH   a harness profile file; one measured for another model, dtype or device, or by vLLM, is refused.
 
+Each verifier has its own profile: the eager one's (`<model>-<device>.json`) and the graph verifier's
+(`<model>-<device>-graph.json`: its step is flat within a row bucket, decoder/verify/graph.py), so that an arm is
+sized by the cost of the forward that verifies it.
+
 A tree grows only where a node pays on the machine that runs it: at context 300 on this CPU a 60-node verify
 costs about 5x a 0-node one, so a flat cost verified trees that made the decoder slower than greedy on gsm8k.
 """
@@ -39,12 +43,14 @@ def live_nodes(nodes: int) -> list[int]:
     return sorted({n for n in DEFAULT_NODES if n <= nodes} | {0, nodes})
 
 
-def _fits(cost, lm, contexts: Sequence[int], nodes: int) -> str | None:
+def _fits(cost, lm, contexts: Sequence[int], nodes: int, verifier: str) -> str | None:
     """Why a profile cannot size this run (another model, dtype, device or engine; a range short of the run's);
     None when it can."""
     meta = cost.meta
     if meta.get("engine", "harness") != "harness":
         return f"was measured by {meta.get('engine')}, not this package's harness"
+    if meta.get("verifier", "eager") != verifier:
+        return f"times the {meta.get('verifier', 'eager')} verifier, not the {verifier} one"
     if meta.get("model_fingerprint") != lm.fingerprint:
         return f"is {meta.get('model')}'s, not {lm.name}'s"
     if meta.get("dtype") != str(lm.dtype).removeprefix("torch.") or meta.get("device") != lm.device.type:
@@ -56,12 +62,19 @@ def _fits(cost, lm, contexts: Sequence[int], nodes: int) -> str | None:
     return None
 
 
+def live_profile_path(out: str, lm, verifier: str) -> Path:
+    """Where `python -m decoder profile --engine harness --verifier V` writes this model's profile."""
+    from decoder.cost.profile import profile_path
+
+    return profile_path(out, lm.slug, lm.device.type, "harness", verifier)
+
+
 def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int, nodes: int, out: str,
-                         progress: bool = True):
+                         progress: bool = True, verifier: str = "eager", graph=None):
     """(CostModel or None for flat, the path it came from or None, what summary.json says sizes the drafts)."""
     from data.store.files import atomic_write_json
     from decoder.cost.model import CostModel
-    from decoder.cost.profile import measure_profile, profile_path
+    from decoder.cost.profile import measure_profile
 
     if spec == "flat":
         return None, None, "flat"
@@ -69,24 +82,27 @@ def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int
     if spec != "auto":
         path = Path(spec)
         cost = CostModel.load(path)
-        why = _fits(cost, lm, contexts, nodes)
-        if why:
+        why = _fits(cost, lm, contexts, nodes, verifier)
+        if why and why.startswith("times the"):  # the user's choice: taken, and said
+            print(f"note: --profile {path} {why}: its costs size the {verifier} verifier's arms", file=sys.stderr)
+        elif why:
             raise OilbirdError(f"--profile {path}: the profile {why}; measure one with `python -m decoder profile "
                                f"--engine harness --model {lm.name}` or give --profile auto")
         return cost, path, f"harness profile {path}"
-    path = profile_path(out, lm.slug, lm.device.type, "harness")
+    path = live_profile_path(out, lm, verifier)
     why = "is missing"
     if path.is_file():
         try:
             cost = CostModel.load(path)
-            why = _fits(cost, lm, contexts, nodes)
+            why = _fits(cost, lm, contexts, nodes, verifier)
         except OilbirdError as e:
             why = f"cannot be read ({e})"
         if why is None:
             return cost, path, f"harness profile {path}"
     print(f"note: --profile auto: the harness profile {path} {why}; measuring this machine's verification cost "
-          f"once (contexts {','.join(map(str, contexts))}, up to {nodes} nodes; untimed)", file=sys.stderr)
-    d = measure_profile(lm, contexts, live_nodes(nodes), LIVE_REPS, progress)
+          f"with the {verifier} verifier once (contexts {','.join(map(str, contexts))}, up to {nodes} nodes; untimed)",
+          file=sys.stderr)
+    d = measure_profile(lm, contexts, live_nodes(nodes), LIVE_REPS, progress, verifier=verifier, graph=graph)
     atomic_write_json(path, d)
     return CostModel.load(path), path, f"harness profile {path} (measured now)"
 

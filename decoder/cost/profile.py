@@ -61,6 +61,7 @@ class ProfileConfig:
     #                          | auto (vllm where it can run the model, else harness: `choose_engine`)
     batch_sizes: tuple[int, ...] = (1,)  # vllm: also measure steps of B requests together (verify_s_by_batch)
     vllm_eager: bool = False  # vllm: measure in eager mode; default vLLM's default compilation (what serves)
+    verifier: str = "eager"  # harness: eager (verify_tree) or graph (decoder/verify/graph.py, compiled first)
     progress: bool = True
     seed: int = 0  # the random token ids fed (their values do not change the cost; seeded anyway)
 
@@ -151,15 +152,19 @@ def _median_time(fn, reps: int, device: torch.device, after=None, spread: list |
 
 @torch.no_grad()
 def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_NODES, reps: int = 3,
-                    progress: bool = True, seed: int = 0) -> dict:
+                    progress: bool = True, seed: int = 0, verifier: str = "eager", graph=None) -> dict:
     """Time verify_tree over the (context, nodes) grid and prefill over prompt lengths; a JSON-ready dict.
 
     Tree shape: the parents of Token Recycling's default template of N nodes (a real, bushy draft
     tree: 8 children of the anchor, deeper chains below the likeliest). Token ids are random
-    (seeded): the cost of a forward does not depend on them."""
+    (seeded): the cost of a forward does not depend on them. `verifier`: eager (verify_tree on a DynamicCache) or
+    graph (a pass of decoder/verify/graph.py's GraphVerifier, compiled before timing: its cost is flat within a row
+    bucket, and this is what sizes `--verifier graph` runs; recorded as the profile's `verifier`); `graph`: a
+    warmed-up GraphVerifier to time (the live decoder's own, so it is compiled once), else one is built here."""
     from tqdm import tqdm
     from transformers import DynamicCache
 
+    from decoder.draft import Draft
     from decoder.drafters.recycling import default_template
     from decoder.verify.engine import prefill, verify_tree
 
@@ -179,6 +184,16 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
     # prefill: the prompt lengths whose forward builds each context (L cached + the anchor), plus a
     # couple of shorter prompts so the curve has a point near zero (short prompts are cheap)
     extra = sorted({p for p in (16, (contexts[0] + 1) // 2) if 2 <= p < contexts[0] + 1})
+    own = verifier == "graph" and graph is None
+    if verifier != "graph":
+        graph = None
+    elif own:
+        from decoder.verify.engine import StopRule
+        from decoder.verify.graph import GraphVerifier, capacity_for
+
+        never = StopRule(lm.tokenizer, frozenset(), (), 1 << 30)  # timing only: no pass may stop the request
+        graph = GraphVerifier(lm, never, nodes[-1], capacity_for(contexts[-1] + 2 * nodes[-1] + 2), progress=progress)
+        graph.warm_up()
     bar = tqdm(total=len(extra) + len(contexts) * (1 + len(nodes)), unit="pt", desc="profile",
                disable=not progress, dynamic_ncols=True)
 
@@ -202,6 +217,8 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
         prefill_s[L + 1], cache = timed_prefill(L + 1)  # the cache now holds L tokens; ids[L] is the anchor
         bar.update(1)
         row, row_ends = [], []
+        if graph is not None:
+            graph.start(ids[:L + 1])  # its slot cache holds the L-token prefix
         for n in nodes:
 
             def run(n=n, L=L, cache=cache):
@@ -210,6 +227,15 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
             def crop(L=L, cache=cache):  # back to the L-token prefix (transformers 5 crops by a negative count)
                 cache.crop(L - cache.get_seq_length())
 
+            if graph is not None:
+                tree = Draft(list(draft[:n]), list(trees[n]), [{"profile"}] * n)
+
+                def run(L=L, tree=tree):  # noqa: F811 (the graph verifier's pass instead)
+                    graph.verify(ids[:L + 1], tree)
+
+                def crop(L=L):  # noqa: F811 (its cache back to the prefix: the next pass writes at L again)
+                    graph.rewind(ids[:L + 1])
+
             run()
             crop()  # warm-up
             row.append(_median_time(run, reps, dev, after=crop, spread=row_ends))
@@ -217,11 +243,13 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
         verify_s.append(row)
         ends.append(row_ends)
     bar.close()
+    if own:
+        graph.close()
     lengths = sorted(prefill_s)
     return {
         "format": FORMAT, "model": lm.name, "model_fingerprint": lm.fingerprint,
         "device": dev.type, "device_name": device_name(dev), "dtype": str(lm.dtype).removeprefix("torch."),
-        "threads": torch.get_num_threads(), "torch": torch.__version__,
+        "threads": torch.get_num_threads(), "torch": torch.__version__, "verifier": verifier,
         "nodes": nodes, "contexts": contexts, "verify_s": verify_s,
         "prefill_lengths": lengths, "prefill_s": [prefill_s[p] for p in lengths], "reps": reps,
         **spread_fields(ends),  # the fastest and slowest rep of every verify point (decoder/cost/spread.py)
@@ -283,8 +311,11 @@ def profile_vllm_mode(meta: dict) -> str | None:
     return meta.get("vllm_mode") or "eager"
 
 
-def profile_path(out, slug: str, device_type: str, engine: str = "harness") -> Path:
-    """runs/profiles/<model>-<device>.json, and <model>-<device>-vllm.json for a profile measured in vLLM."""
+def profile_path(out, slug: str, device_type: str, engine: str = "harness", verifier: str = "eager") -> Path:
+    """runs/profiles/<model>-<device>.json, <model>-<device>-graph.json for the harness's graph verifier, and
+    <model>-<device>-vllm.json for a profile measured in vLLM."""
+    if engine == "harness" and verifier == "graph":
+        return default_profile_path(out, slug, f"{device_type}-graph")
     return default_profile_path(out, slug, device_type if engine == "harness" else f"{device_type}-{engine}")
 
 
@@ -311,7 +342,8 @@ def output_path(cfg: ProfileConfig) -> Path:
 
     if cfg.file:
         return Path(cfg.file)
-    return profile_path(cfg.out, model_slug(cfg.model), pick_device(cfg.device).type, resolve_engine(cfg, False).engine)
+    return profile_path(cfg.out, model_slug(cfg.model), pick_device(cfg.device).type, resolve_engine(cfg, False).engine,
+                        cfg.verifier)
 
 
 def profile_falls_short(path: Path, cfg: ProfileConfig) -> str | None:
@@ -355,6 +387,10 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
     cfg = resolve_engine(cfg)
     if max(cfg.batch_sizes) > 1 and cfg.engine != "vllm":
         raise OilbirdError("--batch-sizes above 1 needs --engine vllm (the harness verifies one request a pass)")
+    if cfg.verifier not in ("eager", "graph"):
+        raise OilbirdError(f"--verifier must be eager or graph (got {cfg.verifier!r})")
+    if cfg.verifier == "graph" and cfg.engine != "harness":
+        raise OilbirdError("--verifier graph times the harness's graph verifier: it needs --engine harness")
     if cfg.vllm_eager and cfg.engine != "vllm":
         raise OilbirdError("--vllm-eager sets vLLM's mode: it needs --engine vllm (or auto choosing vLLM)")
     if cfg.engine == "vllm":
@@ -376,8 +412,8 @@ def run_profile(cfg: ProfileConfig) -> tuple[dict, Path]:
         d = measure_vllm_profile(model_dir, lm.name, lm.fingerprint, clipped, cfg.nodes, cfg.reps, dtype, cfg.seed,
                                  batch_sizes=cfg.batch_sizes, eager=cfg.vllm_eager)
     else:
-        d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed)
-    path = Path(cfg.file) if cfg.file else profile_path(cfg.out, lm.slug, lm.device.type, cfg.engine)
+        d = measure_profile(lm, clipped, cfg.nodes, cfg.reps, cfg.progress, cfg.seed, verifier=cfg.verifier)
+    path = Path(cfg.file) if cfg.file else profile_path(cfg.out, lm.slug, lm.device.type, cfg.engine, cfg.verifier)
     atomic_write_json(path, d)
     return d, path
 
@@ -415,13 +451,17 @@ def profile_main(argv: list[str] | None = None) -> int:
                         "batch 1, one stream; default 1)")
     p.add_argument("--vllm-eager", action="store_true",
                    help="--engine vllm: measure vLLM in eager mode (default: vLLM's default compilation, what serves)")
+    p.add_argument("--verifier", choices=("eager", "graph"), default="eager",
+                   help="--engine harness: time the eager verifier (default) or the graph verifier (compiled first; "
+                        "written as <model>-<device>-graph.json: what sizes `python -m decoder --verifier graph`)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     args = p.parse_args(argv)
     cfg = ProfileConfig(model=args.model, device=args.device, dtype=args.dtype, bench=args.bench,
                         contexts=_int_list(args.contexts, "--contexts") if args.contexts is not None else None,
                         nodes=_int_list(args.nodes, "--nodes"), reps=args.reps, out=args.out, file=args.file,
                         progress=not args.quiet, engine=args.engine,
-                        batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")), vllm_eager=args.vllm_eager)
+                        batch_sizes=tuple(_int_list(args.batch_sizes, "--batch-sizes")), vllm_eager=args.vllm_eager,
+                        verifier=args.verifier)
     if args.print_path:
         print(output_path(cfg))
         return 0

@@ -59,6 +59,7 @@ from __future__ import annotations
 import datetime
 import sys
 import time
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -146,14 +147,15 @@ class DecodeConfig:
     # measured once and cached), flat (the whole candidate tree) or a profile file. The library default is flat, so
     # that a run's trees do not depend on timing; `python -m decoder` defaults to auto.
     profile: str = "flat"
-    step_cost: object = None  # the profile's CostModel, resolved by prepare_serving (None: flat)
+    step_cost: dict | None = None  # {verifier kind: the profile's CostModel}, resolved by prepare_serving (None: flat)
 
     def shared(self, device: torch.device | str = "cpu") -> dict:
         """Config fields every arm with a semantic pool takes (make_drafter's `shared`), the key's states on
         the model's `device` when it is a GPU (decoder/pools.py PoolSettings)."""
         shared = PoolSettings(self.index, None, self.knn_recall_every, self.index_train_size,
                               key_device(device)).shared()
-        return {**shared, "step_cost": self.step_cost} if self.step_cost is not None else shared
+        cost = (self.step_cost or {}).get(resolve_verifier(self.verifier, device))  # the arm's verifier's profile
+        return {**shared, "step_cost": cost} if cost is not None else shared
 
 
 def library_factory(name: str) -> ArmFactory:
@@ -190,7 +192,7 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
             if base in (REFERENCE_ARM, STATIC_ARM):
                 raise OilbirdError(f"arm '{a}': {base} verifies no draft; +graph and +eager are for drafter arms")
             resolve_arms((base,), factories)
-            factories[a] = factories[base]
+            factories[a] = lambda lm, cfg, f=factories[base], k=kind: f(lm, dataclasses.replace(cfg, verifier=k))
             continue
         if a in known:
             continue
@@ -365,21 +367,20 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         raise OilbirdError("a request encodes to an empty prompt; nothing to decode from")
     check_context(lm, requests, prompts, max_new)
     warm_up(lm, prompts[0])
-    drafting = any(a not in (REFERENCE_ARM, STATIC_ARM) for a in arms)
-    cost, sizing = None, None  # (no drafter arm: nothing is sized)
-    if drafting:
-        cost, _, sizing = resolve_live_profile(cfg.profile, lm, [len(p) for p in prompts], max_new, cfg.nodes,
-                                               cfg.out, cfg.progress)
-    cfg.step_cost = cost
-    graph = None
     verifier = resolve_verifier(cfg.verifier, lm.device)
-    graph_arms = {a for a in arms
-                  if a not in (REFERENCE_ARM, STATIC_ARM) and (split_verifier(a)[1] or verifier) == "graph"}
+    kinds = {a: split_verifier(a)[1] or verifier for a in arms if a not in (REFERENCE_ARM, STATIC_ARM)}
+    graph_arms = {a for a, k in kinds.items() if k == "graph"}
+    graph = None
     if graph_arms:
         graph = GraphVerifier(lm, stop, cfg.nodes, capacity_for(max(len(p) for p in prompts) + max_new + 2 * cfg.nodes))
         print(f"note: --verifier graph: compiling the verify forward for {len(graph.buckets)} row buckets "
               f"({','.join(map(str, graph.buckets))}; untimed, minutes on a CPU)", file=sys.stderr)
         graph.warm_up()
+    cfg.step_cost, sizing = {}, {}  # per verifier its own profile (decoder/cost/live.py); no drafter arm: none
+    for kind in sorted(set(kinds.values())):
+        cfg.step_cost[kind], _, sizing[kind] = resolve_live_profile(
+            cfg.profile, lm, [len(p) for p in prompts], max_new, cfg.nodes, cfg.out, cfg.progress, kind,
+            graph if kind == "graph" else None)
     static = None
     if STATIC_ARM in arms:  # built and warmed (compiled) once, before any timing
         static = StaticGreedy(lm, stop, max(len(p) for p in prompts), cfg.static_compile)
@@ -400,7 +401,7 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
         "versions": library_versions(),
         # round r starts at arm r mod n: round 1 at ar
         "rounds": cfg.rounds, "round_order": [arms[r % n:] + arms[:r % n] for r in range(cfg.rounds)],
-        "sizing": sizing, "verifier_kind": verifier,
+        "sizing": sizing.get(verifier), "sizing_by_verifier": sizing, "verifier_kind": verifier,
     }
     return Serving(arms, factories, requests, prompts, tenants, stop, warm_pool, budget_tokens, static, graph,
                    graph_arms, base, out_dir), lm
@@ -465,6 +466,9 @@ def run_decode(cfg: DecodeConfig, lm: LoadedModel | None = None,
         if name == STATIC_ARM:
             summary.update(sv.static.summary())
         summary["verifier"] = verifier_block(run)
+        kind = split_verifier(name)[1]
+        if kind is not None:  # an arm with a verifier of its own: sized by that verifier's profile
+            summary["sizing"] = sv.base["sizing_by_verifier"].get(kind)
         write_folder(sv.out_dir / component(name, "arm"), {"cycles.parquet": cycles_table([g.cycles for g in run.generations]),
                                          "requests.parquet": requests_table(run, sv.requests, sv.prompts),
                                          "summary.json": summary})

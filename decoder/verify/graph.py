@@ -36,6 +36,7 @@ import dataclasses
 import math
 import sys
 import time
+import types
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -196,12 +197,23 @@ class GraphVerifier(ModelVerifier):
                 for d in dims:
                     torch._dynamo.maybe_mark_dynamic(t, d)
         self._warm = False
+        self._past_len = self._length = 0
         self._regrow: set[int] = set()
         self._cache_key = next(iter(cache_kwargs(model, None)))  # `cache` or `past_key_values`, by release
+        self._compile = compile
         if compile:
-            self._step = torch.compile(self._forward, backend=self._backend(dev), dynamic=None, fullgraph=False)
+            self._step = torch.compile(self._own_forward(), backend=self._backend(dev), dynamic=None, fullgraph=False)
         else:
             self._step = self._forward
+
+    def _own_forward(self):
+        """`_forward` with a code object of this verifier's own. Dynamo keeps its compiled graphs per code object,
+        at most `recompile_limit` (8) of them, then runs the function eagerly without a word: verifiers of several
+        models or capacities in one process (a bench's two benchmarks, the tests) would share one method's 8."""
+        f = GraphVerifier._forward
+        code = f.__code__.replace(co_name=f"_forward_{id(self):x}")
+        return types.MethodType(types.FunctionType(code, f.__globals__, code.co_name, f.__defaults__, f.__closure__),
+                                self)
 
     def _kv(self, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
         b, h, d = self._kv_shape
@@ -307,6 +319,9 @@ class GraphVerifier(ModelVerifier):
                 self._run(b)
         self.stats.warmup_compiles = self.stats.compiles
         self.stats.warmup_s += time.perf_counter() - t0
+        if self._compile and not self.stats.compiles:
+            print("graph verifier: torch.compile compiled nothing in the warm-up (dynamo fell back to eager); the "
+                  "passes run the fixed-shape forward eagerly", file=sys.stderr)
         self._warm = True
 
     # -- the Verifier contract -----------------------------------------------------------------------------------
@@ -383,6 +398,14 @@ class GraphVerifier(ModelVerifier):
                           hidden=packed[:n + 1, 3 + 2 * TOPK:])
         self._length = length
         return self.record(draft, accepted, bonus, fwd)
+
+    def rewind(self, context: Sequence[int]) -> None:
+        """Back to the cache of `context` but its last token, a prefix this verifier holds (a profile times many
+        passes at one context): the slots past it are written again by the next pass."""
+        if len(context) - 1 > self._past_len + self._length:
+            raise RuntimeError("graph verifier: rewind past what the cache holds")
+        self.begin(context)
+        self._past_len = len(context) - 1
 
     def advance(self, result: VerifyResult) -> None:
         # the accepted rows were moved into place on the device; the cache now ends after them
