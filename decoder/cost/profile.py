@@ -184,15 +184,13 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
     # prefill: the prompt lengths whose forward builds each context (L cached + the anchor), plus a
     # couple of shorter prompts so the curve has a point near zero (short prompts are cheap)
     extra = sorted({p for p in (16, (contexts[0] + 1) // 2) if 2 <= p < contexts[0] + 1})
-    own = verifier == "graph" and graph is None
-    if verifier != "graph":
-        graph = None
-    elif own:
+    own = verifier == "graph" and graph is None  # a graph verifier built (and closed) here
+    if own:
         from decoder.verify.engine import StopRule
         from decoder.verify.graph import GraphVerifier, capacity_for
 
         never = StopRule(lm.tokenizer, frozenset(), (), 1 << 30)  # timing only: no pass may stop the request
-        graph = GraphVerifier(lm, never, nodes[-1], capacity_for(contexts[-1] + 2 * nodes[-1] + 2), progress=progress)
+        graph = GraphVerifier(lm, never, nodes[-1], capacity_for(contexts[-1] + 2 * nodes[-1] + 2))
         graph.warm_up()
     bar = tqdm(total=len(extra) + len(contexts) * (1 + len(nodes)), unit="pt", desc="profile",
                disable=not progress, dynamic_ncols=True)
@@ -217,24 +215,22 @@ def measure_profile(lm, contexts: Sequence[int], nodes: Sequence[int] = DEFAULT_
         prefill_s[L + 1], cache = timed_prefill(L + 1)  # the cache now holds L tokens; ids[L] is the anchor
         bar.update(1)
         row, row_ends = [], []
+        context = ids[:L + 1]
         if graph is not None:
-            graph.start(ids[:L + 1])  # its slot cache holds the L-token prefix
+            graph.start(context)  # its slot cache holds the L-token prefix
         for n in nodes:
+            if graph is None:
+                def run(n=n, L=L, cache=cache):
+                    verify_tree(model, cache, L, ids[L], draft[:n], trees[n])
 
-            def run(n=n, L=L, cache=cache):
-                verify_tree(model, cache, L, ids[L], draft[:n], trees[n])
+                def crop(L=L, cache=cache):  # back to the L-token prefix (transformers 5 crops by a negative count)
+                    cache.crop(L - cache.get_seq_length())
+            else:
+                def run(context=context, tree=Draft(list(draft[:n]), list(trees[n]), [{"profile"}] * n)):
+                    graph.verify(context, tree)
 
-            def crop(L=L, cache=cache):  # back to the L-token prefix (transformers 5 crops by a negative count)
-                cache.crop(L - cache.get_seq_length())
-
-            if graph is not None:
-                tree = Draft(list(draft[:n]), list(trees[n]), [{"profile"}] * n)
-
-                def run(L=L, tree=tree):  # noqa: F811 (the graph verifier's pass instead)
-                    graph.verify(ids[:L + 1], tree)
-
-                def crop(L=L):  # noqa: F811 (its cache back to the prefix: the next pass writes at L again)
-                    graph.rewind(ids[:L + 1])
+                def crop(context=context):  # its cache back to the prefix: the next pass writes at L again
+                    graph.rewind(context)
 
             run()
             crop()  # warm-up

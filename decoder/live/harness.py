@@ -56,10 +56,10 @@ store_budget, store_budget_tokens and max_pool_tokens.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import sys
 import time
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -271,8 +271,7 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
             return static.decode(prompts[r])
         if drafter is None:
             return decode_greedy(lm, prompts[r], stop)
-        if graph is not None:
-            graph.stop = stop
+        if graph is not None:  # built with the run's stop rule (prepare_serving)
             return graph.generation(speculate(drafter, graph, prompts[r], cfg.nodes))
         return decode_speculative(lm, tap, prompts[r], drafter, stop, cfg.nodes)
 

@@ -9,8 +9,8 @@ needs fixed shapes and fixed buffers, as gpt-fast, SGLang and vLLM keep them:
   rows      the anchor + draft nodes, padded to the smallest bucket that holds them (BUCKETS, extended to cover
             the node budget); a padding row attends to itself only (no row is fully masked: SDPA gives NaN on
             one) and its logits are ignored;
-  cache     `SlotCache`: keys/values preallocated at `capacity` positions; the verifier owns the write slot
-            (`start`, a device scalar): a forward writes its rows at start .. start + rows - 1, whatever it held.
+  cache     a transformers `Cache` of `SlotLayer`s: keys/values preallocated at `capacity` positions; the
+            verifier owns the write slot (`start`, a device scalar): a forward writes its rows at start .. start + rows - 1, whatever it held.
             transformers' StaticLayer advances a counter of its own on every call (and every CUDA-graph replay),
             which a verifier that keeps only the accepted rows cannot use;
   mask      built on the device from the pass's ancestor matrix ([rows, rows], copied into a fixed buffer) and
@@ -46,7 +46,7 @@ import torch
 from data.capture.models import LoadedModel, cache_kwargs, decoder_layers, text_config
 from data.errors import OilbirdError
 from data.store.schema import TOPK
-from decoder.draft import Draft, VerifyResult
+from decoder.draft import Draft, VerifyResult, subtree
 from decoder.verify.engine import ModelVerifier, StopRule, TreeForward, _new_cache, check_supported, prefill
 
 BUCKETS = (1, 16, 32, 64)  # rows of a verify forward (the anchor + draft nodes): `ar` passes take the first
@@ -77,44 +77,34 @@ def ancestor_block(parents: Sequence[int], rows: int) -> np.ndarray:
         if np.any(p >= np.arange(n)) or np.any(p < -1):
             raise ValueError("parents must precede their children")
         up[1:n + 1] = p + 1
-    anc = np.zeros((rows, rows), bool)
-    anc[np.arange(rows), np.arange(rows)] = True
-    anc[np.arange(1, n + 1), 0] = True  # every node descends from the anchor
-    hop = up.copy()
-    for _ in range(max(1, int(n).bit_length())):
-        anc[np.arange(rows)[:, None], hop[:, None]] = True
+    anc = np.eye(rows, dtype=bool)
+    hop = up  # after k rounds, each row holds its ancestors up to 2^k levels up and hop[r] is 2^k levels up
+    for _ in range(max(1, int(n).bit_length())):  # depth <= n < 2^bit_length(n): the anchor is reached
         anc |= anc[hop]
         hop = hop[hop]
     return anc
 
 
-class SlotLayer:
-    """One layer of `SlotCache`: keys/values [1, heads, capacity, head dim] written at the cache's slot."""
+def _slot_layer_class():
+    """SlotLayer, one layer of the slot cache (transformers' public Cache interface: a layer whose `update` returns
+    the keys and values to attend over): keys/values [1, heads, capacity, head dim] written at the verifier's slot
+    `start`. Built on first use so that importing this module does not import transformers."""
+    from transformers.cache_utils import CacheLayerMixin
 
-    is_compileable = True
-    is_sliding = False
-    is_initialized = True
+    class SlotLayer(CacheLayerMixin):
+        is_compileable = True
+        is_sliding = False
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
-        self.keys, self.values, self.start = keys, values, start
-
-    def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
-        slots = self.start + torch.arange(key_states.shape[-2], device=key_states.device)
-        self.keys.index_copy_(2, slots, key_states)
-        self.values.index_copy_(2, slots, value_states)
-        return self.keys, self.values
-
-
-def _slot_cache_class():
-    """SlotCache, a transformers Cache (its public interface: a list of layers whose `update` returns the keys and
-    values to attend over); built on first use so that importing this module does not import transformers."""
-    from transformers.cache_utils import Cache, CacheLayerMixin
-
-    class _Layer(SlotLayer, CacheLayerMixin):
-        def __init__(self, keys, values, start):
-            CacheLayerMixin.__init__(self)
-            SlotLayer.__init__(self, keys, values, start)
+        def __init__(self, keys: torch.Tensor, values: torch.Tensor, start: torch.Tensor) -> None:
+            super().__init__()
+            self.keys, self.values, self.start = keys, values, start
             self.is_initialized = True
+
+        def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
+            slots = self.start + torch.arange(key_states.shape[-2], device=key_states.device)
+            self.keys.index_copy_(2, slots, key_states)
+            self.values.index_copy_(2, slots, value_states)
+            return self.keys, self.values
 
         def lazy_initialization(self, key_states, value_states) -> None:
             pass
@@ -128,11 +118,7 @@ def _slot_cache_class():
         def get_max_length(self) -> int:
             return self.keys.shape[-2]
 
-    class SlotCache(Cache):
-        def __init__(self, layers):
-            Cache.__init__(self, layers=layers)
-
-    return _Layer, SlotCache
+    return SlotLayer
 
 
 @dataclass
@@ -159,13 +145,12 @@ class GraphVerifier(ModelVerifier):
     kind = "graph"
 
     def __init__(self, lm: LoadedModel, stop: StopRule, nodes: int, capacity: int = 2048,
-                 buckets: Sequence[int] = BUCKETS, compile: bool = True, progress: bool = True) -> None:
+                 buckets: Sequence[int] = BUCKETS, compile: bool = True) -> None:
         check_supported(lm.model)
         self.lm, self.stop, self.tap = lm, stop, None
         self.vocab_size = lm.vocab_size
         self.buckets = buckets_for(nodes, buckets)
         self.stats = GraphStats()
-        self.progress = progress
         self._said_growth = False
         model, dev = lm.model, lm.device
         cfg = text_config(model)
@@ -174,10 +159,11 @@ class GraphVerifier(ModelVerifier):
         head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
         self._kv_shape = (1, heads, head_dim)
         self.start_slot = torch.zeros((), dtype=torch.long, device=dev)
-        layer_cls, cache_cls = _slot_cache_class()
-        self._layer_cls = layer_cls
-        self.cache = cache_cls([layer_cls(*self._kv(capacity), self.start_slot)
-                                for _ in range(cfg.num_hidden_layers)])
+        from transformers.cache_utils import Cache
+
+        slot_layer = _slot_layer_class()
+        self.cache = Cache(layers=[slot_layer(*self._kv(capacity), self.start_slot)
+                                   for _ in range(cfg.num_hidden_layers)])
         self.capacity = capacity
         rows = self.buckets[-1]
         self._state = torch.zeros((rows, lm.d_model), dtype=self.dtype, device=dev)
@@ -187,13 +173,11 @@ class GraphVerifier(ModelVerifier):
         # the pass's inputs, fixed buffers per bucket (a CUDA graph replays from fixed addresses)
         self._ids = {b: torch.zeros((1, b), dtype=torch.long, device=dev) for b in self.buckets}
         self._anc = {b: torch.zeros((b, b), dtype=torch.bool, device=dev) for b in self.buckets}
-        self._parent = {b: torch.zeros(b, dtype=torch.long, device=dev) for b in self.buckets}
-        self._is_node = {b: torch.zeros(b, dtype=torch.bool, device=dev) for b in self.buckets}
+        self._parent = {b: torch.zeros(b, dtype=torch.long, device=dev) for b in self.buckets}  # the parent's row
         # every bucket past 1 row shares one graph, symbolic in the rows (inductor's C++ kernels take minutes to
         # build on a CPU, per shape); a 1-row pass (ar, an empty draft) keeps its own, static graph
         for b in (b for b in self.buckets if b > 1):
-            for t, dims in ((self._ids[b], (1,)), (self._anc[b], (0, 1)), (self._parent[b], (0,)),
-                            (self._is_node[b], (0,))):
+            for t, dims in ((self._ids[b], (1,)), (self._anc[b], (0, 1)), (self._parent[b], (0,))):
                 for d in dims:
                     torch._dynamo.maybe_mark_dynamic(t, d)
         self._warm = False
@@ -258,8 +242,7 @@ class GraphVerifier(ModelVerifier):
 
     # -- the compiled pass ---------------------------------------------------------------------------------------
 
-    def _forward(self, ids: torch.Tensor, anc: torch.Tensor, parent: torch.Tensor, is_node: torch.Tensor,
-                 start: torch.Tensor) -> torch.Tensor:
+    def _forward(self, ids: torch.Tensor, anc: torch.Tensor, parent: torch.Tensor, start: torch.Tensor) -> torch.Tensor:
         rows = ids.shape[1]
         dev = ids.device
         capacity = self.cache.layers[0].keys.shape[-2]
@@ -276,6 +259,7 @@ class GraphVerifier(ModelVerifier):
         argmax = logits.argmax(-1)
         top = logits.topk(TOPK, dim=-1)
         r = torch.arange(rows, device=dev)
+        is_node = parent != r  # the anchor and the padding rows are their own parents
         agrees = (is_node & (ids[0] == argmax[parent])) | (r == 0)  # the anchor always "agrees"
         path_ok = ~(anc & ~agrees[None, :]).any(1)
         score = torch.where(path_ok, depth, torch.full_like(depth, -1))
@@ -283,11 +267,11 @@ class GraphVerifier(ModelVerifier):
         on_path = anc.index_select(0, best.view(1))[0]  # (no data-dependent indexing: one graph)
         order = torch.where(on_path, depth, rows + r).argsort()  # the path by depth, then the rest
         length = score.max() + 1  # the anchor + the accepted nodes
-        slots = start + r
-        moved = start + order
-        for layer in self.cache.layers:  # the accepted path into place: start, start + 1, ...
-            layer.keys.index_copy_(2, slots, layer.keys.index_select(2, moved))
-            layer.values.index_copy_(2, slots, layer.values.index_select(2, moved))
+        if rows > 1:  # the accepted path into place: start, start + 1, ... (a 1-row pass has nothing to move)
+            slots, moved = start + r, start + order
+            for layer in self.cache.layers:
+                layer.keys.index_copy_(2, slots, layer.keys.index_select(2, moved))
+                layer.values.index_copy_(2, slots, layer.values.index_select(2, moved))
         state = self._state[:rows].float()
         return torch.cat([argmax[:, None].float(), order[:, None].float(), length.expand(rows)[:, None].float(),
                           top.indices.float(), top.values, state], 1)
@@ -297,8 +281,7 @@ class GraphVerifier(ModelVerifier):
         before = self.stats.compiles
         self._tapping = True
         try:
-            packed = self._step(self._ids[rows], self._anc[rows], self._parent[rows], self._is_node[rows],
-                                self.start_slot)
+            packed = self._step(self._ids[rows], self._anc[rows], self._parent[rows], self.start_slot)
         finally:
             self._tapping = False
         if self.stats.compiles > before and rows in self._regrow:  # this bucket's first pass on a grown cache
@@ -314,7 +297,6 @@ class GraphVerifier(ModelVerifier):
         for b in self.buckets:
             self._anc[b].copy_(torch.eye(b, dtype=torch.bool))
             self._parent[b].copy_(torch.arange(b))
-            self._is_node[b].zero_()
             for _ in range(2):
                 self._run(b)
         self.stats.warmup_compiles = self.stats.compiles
@@ -368,8 +350,7 @@ class GraphVerifier(ModelVerifier):
             raise RuntimeError(f"graph verifier: context of {past_len + 1} tokens, cache of {self._past_len}")
         limit = self.buckets[-1] - 1
         if len(draft) > limit:  # a budget past the largest bucket: its first nodes (closed under parents)
-            draft = Draft(draft.tokens[:limit], draft.parents[:limit], draft.sources[:limit],
-                          evidence=draft.evidence[:limit], probs=draft.probs[:limit])
+            draft = subtree(draft, range(limit))
             self.stats.overflow_passes += 1
         n = len(draft)
         rows = next(b for b in self.buckets if b >= n + 1)
@@ -379,12 +360,9 @@ class GraphVerifier(ModelVerifier):
         ids[1:n + 1] = draft.tokens
         parent = np.arange(rows)
         parent[1:n + 1] = np.asarray(draft.parents, np.int64) + 1
-        is_node = np.zeros(rows, bool)
-        is_node[1:n + 1] = True
         self._ids[rows].copy_(torch.from_numpy(ids)[None])
         self._anc[rows].copy_(torch.from_numpy(ancestor_block(draft.parents, rows)))
         self._parent[rows].copy_(torch.from_numpy(parent))
-        self._is_node[rows].copy_(torch.from_numpy(is_node))
         self.start_slot.fill_(past_len)
         packed = self._run(rows)
         self.stats.passes += 1
