@@ -20,9 +20,15 @@ speedup_vs_fastest_ar_rounds, their _range, round_order, rounds_identical).
 warm-up: decoder/verify/graph.py) and the eager one; the cost-aware arms are sized by this machine's harness
 profile (--profile auto, measured once and cached; docs/decoder.md).
 
-Usage: python benchmarks/bench_decode.py [--model smollm2-135m] [--apibank-limit 100]
-[--gsm8k-limit 50] [--limit N (both)] [--arms ar,ar-static,pld,...] [--nodes 60] [--max-new-tokens N]
-[--rounds 3] [--no-compile] [--verifier auto|graph|eager] [--profile auto|flat|PATH] [--out runs] [--json PATH]
+Drafting beside the verify (decoder/loop.py): `path ms` is the drafter's work per pass on the critical path,
+`beside ms` what ran beside the verify (the previous pass's deferred bookkeeping; --overlap on, or auto with a
+GPU); `oilbird+serial` is the same arm with that work before the verify, so the two sit side by side.
+`--benches grid` serves the cross-benchmark grid's 8 benchmarks (data/benchmarks/registry.py GRID_BENCHES).
+
+Usage: python benchmarks/bench_decode.py [--model smollm2-135m] [--benches apibank,gsm8k|grid]
+[--apibank-limit 100] [--gsm8k-limit 50] [--limit N (every benchmark)] [--arms ar,ar-static,pld,...] [--nodes 60]
+[--max-new-tokens N] [--rounds 3] [--no-compile] [--verifier auto|graph|eager] [--overlap auto|on|off]
+[--profile auto|flat|PATH] [--out runs] [--json PATH]
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import time
 
 import torch
 
+from data.benchmarks.registry import GRID_BENCHES
 from data.capture.models import load_model
 from data.errors import OilbirdError, cli_entry
 from decoder.live.harness import DEFAULT_ARMS, DecodeConfig, run_decode
@@ -70,18 +77,29 @@ def speed_notes(rows: list[dict]) -> list[str]:
 
 def table(rows: list[dict]) -> str:
     width = max([10, *(len(s["arm"]) for s in rows)])
+    bw = max([8, *(len(s["bench"]) for s in rows)])
     cols, w = speed_columns(rows)
-    head = (f"{'bench':<8} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {SPEED_HEADS[0]:>{w[0]}} "
+    head = (f"{'bench':<{bw}} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {SPEED_HEADS[0]:>{w[0]}} "
             f"{SPEED_HEADS[1]:>{w[1]}} {SPEED_HEADS[2]:>{w[2]}} {'overhead':>9} {'draft':>6} {'update':>7} "
-            f"{'lossless':>9}")
+            f"{'path ms':>8} {'beside ms':>9} {'lossless':>9}")
     lines = [head, "-" * len(head)]
     for s, (tok, speedup, fastest) in zip(rows, cols):
         audit = s["lossless"]
-        lines.append(f"{s['bench']:<8} {s['arm']:<{width}} {s['requests']:>4} {s['generated_tokens']:>7} "
+        lines.append(f"{s['bench']:<{bw}} {s['arm']:<{width}} {s['requests']:>4} {s['generated_tokens']:>7} "
                      f"{s['tau']:>6.2f} {tok:>{w[0]}} {speedup:>{w[1]}} {fastest:>{w[2]}} {100 * s['overhead_fraction']:>8.1f}% "
                      f"{100 * s['draft_fraction']:>5.1f}% {100 * s['update_fraction']:>6.1f}% "
+                     f"{_per_pass(s, 'critical_path_s'):>8} {_per_pass(s, 'beside_verify_s'):>9} "
                      f"{audit['matched']:>4}/{audit['requests']:<4}")
-    return "\n".join(lines + speed_notes(rows))
+    notes = ["path ms / beside ms: the drafter's work per pass on the critical path, and beside the verify (the previous "
+             "pass's deferred bookkeeping, where the verifier overlaps: --overlap, arm+serial)"]
+    return "\n".join(lines + speed_notes(rows) + notes)
+
+
+def _per_pass(summary: dict, key: str) -> str:
+    drafting, passes = summary.get("drafting"), summary.get("passes") or 0
+    if not drafting or not passes:
+        return "-"
+    return f"{1000 * drafting[key] / passes:.3f}"
 
 
 @cli_entry
@@ -90,16 +108,22 @@ def main(argv=None) -> int:
     ap.add_argument("--model", default="smollm2-135m")
     ap.add_argument("--apibank-limit", type=int, default=100)
     ap.add_argument("--gsm8k-limit", type=int, default=50)
-    ap.add_argument("--limit", type=int, default=None, help="overrides both per-benchmark limits")
+    ap.add_argument("--limit", type=int, default=None, help="overrides every per-benchmark limit")
+    ap.add_argument("--benches", default="apibank,gsm8k",
+                    help="comma-separated benchmarks, or grid (the cross-benchmark grid's 8: "
+                         f"{','.join(GRID_BENCHES)}); a benchmark other than apibank and gsm8k takes --limit "
+                         "(default 50)")
     ap.add_argument("--arms", default=None,
                     help="comma-separated (default: ar, ar-static, the lexical baselines and oilbird)")
     add_serve_args(ap)
     args = ap.parse_args(argv)
 
     arms = tuple(args.arms.split(",")) if args.arms else BENCH_ARMS
-    limits = {"apibank": args.apibank_limit, "gsm8k": args.gsm8k_limit}
-    if args.limit is not None:
-        limits = {b: args.limit for b in limits}
+    benches = GRID_BENCHES if args.benches == "grid" else tuple(b.strip() for b in args.benches.split(",") if b.strip())
+    if not benches:
+        raise OilbirdError("--benches is empty")
+    own = {"apibank": args.apibank_limit, "gsm8k": args.gsm8k_limit}
+    limits = {b: args.limit if args.limit is not None else own.get(b, 50) for b in benches}
     if any(n < 1 for n in limits.values()):
         raise OilbirdError("limits must be at least 1")
     rows = serve(args, limits, arms)
@@ -123,6 +147,9 @@ def add_serve_args(ap: argparse.ArgumentParser) -> None:
                     help="the verifier of arms written without +graph/+eager (default auto: graph on a GPU)")
     ap.add_argument("--profile", default="auto", metavar="PATH|auto|flat",
                     help="what sizes the cost-aware arms (default auto: this machine's harness profile)")
+    ap.add_argument("--overlap", default="auto", choices=("auto", "on", "off"),
+                    help="the previous pass's bookkeeping beside the verify (on), before it (off), or on with a GPU "
+                         "only (auto, default); an arm+serial runs with it off")
 
 
 def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[dict]:
@@ -139,7 +166,7 @@ def serve(args, limits: dict, arms: tuple[str, ...], legend: str = "") -> list[d
         cfg = DecodeConfig(bench=bench, model=args.model, arms=arms, limit=limit, nodes=args.nodes,
                            max_new_tokens=args.max_new_tokens, out=args.out, dtype=args.dtype, device=args.device,
                            rounds=args.rounds, static_compile=False if args.no_compile else None,
-                           verifier=args.verifier, profile=args.profile)
+                           verifier=args.verifier, profile=args.profile, overlap=args.overlap)
         rows += list(run_decode(cfg, lm=lm).values())
     if legend:
         print(legend)

@@ -63,6 +63,9 @@ ablations of oilbird (same drafter, one setting changed):
                          (asked on every pass); +key-added: the key beside the host's own exact match
 variants: arm@field=value[:field=value] changes one config field of any arm, e.g. oilbird@theta=0.9,
   oilbird@calib_window=0, oilbird@retrieval_budget=8, oilbird@k=16 (decoder/drafters/__init__.py)
+one arm served several ways in one run (suffixes, combinable: oilbird+graph+serial):
+  arm+graph, arm+eager   the arm through that verifier, whatever --verifier says (each sized by its own profile)
+  arm+serial             the arm with each pass's deferred bookkeeping before its verify, not beside it
 summary.json of the key arms adds sole_source_share (sole-semantic tokens / all committed tokens, the
 paper's), sole_source_share_of_draft (/ accepted draft tokens), semantic_time_s, retrieval_fraction and
 store_bytes_per_token; every arm records index, bytes_per_state, warmup_queries and knn_recall (--index),
@@ -213,6 +216,10 @@ def serve_main(argv: list[str] | None = None) -> int:
     p.add_argument("--verifier", default="auto", choices=("auto", "graph", "eager"),
                    help="how drafter arms verify: graph (fixed shapes, compiled per row bucket in the warm-up), eager, "
                         "or auto (graph on a GPU, eager on a CPU; default)")
+    p.add_argument("--overlap", default="auto", choices=("auto", "on", "off"),
+                   help="on: the previous pass's bookkeeping runs on a helper thread while the verify runs; off: "
+                        "before the verify; auto: on with a GPU, off on a CPU (default). The passes are the same; "
+                        "an arm written arm+serial runs with it off beside arms with it on")
     p.add_argument("--profile", default="auto", metavar="PATH|auto|flat",
                    help="what sizes the cost-aware arms' trees: auto (this machine's harness profile, measured once "
                         "and cached under OUT/profiles; default), flat (every candidate verified) or a profile file")
@@ -233,7 +240,7 @@ def serve_main(argv: list[str] | None = None) -> int:
                        dtype=args.dtype, device=args.device, progress=not args.quiet, index=args.index,
                        store_budget=args.store_budget, index_train_size=args.index_train, rounds=args.rounds,
                        static_compile=False if args.no_compile else None, verifier=args.verifier,
-                       profile=args.profile)
+                       profile=args.profile, overlap=args.overlap)
     with line_bound(args.max_line_bytes):
         summaries = run_decode(cfg)
     print(format_table(summaries))

@@ -13,13 +13,13 @@ adjacency rank: decoder/drafters/features.py) and the node's place in that chain
 parent is (decoder/calibration.py); an empty list means no estimate (a peer's draft).
 
 `VerifyResult` is what a verification tells the drafter; `Drafter` is the contract every drafter
-implements (begin_request, propose, observe, add_trace, evict_traces, counters, untimed_s).
+implements (begin_request, propose, observe / observe_split, add_trace, evict_traces, counters, untimed_s).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -185,9 +185,9 @@ class Drafter:
     """The drafter contract: every drafter (decoder/drafters/*, the test drafters) derives from it, and the
     loop (decoder/loop.py), the request runner and the pools (decoder/pools.py) call nothing else.
 
-    One request: `begin_request`, then per pass `propose` and `observe`; when it has finished, the runner
-    calls `add_trace` (the trace enters the pool) and, under a --store-budget, `evict_traces` before a
-    later request. The defaults are those of a drafter without a cross-request pool: it adds and evicts
+    One request: `begin_request`, then per pass `propose` and `observe` (the loop calls `observe_split`);
+    when it has finished, the runner calls `add_trace` (the trace enters the pool) and, under a
+    --store-budget, `evict_traces` before a later request. The defaults are those of a drafter without a cross-request pool: it adds and evicts
     nothing, learns nothing, counts nothing and does no measurement-only work."""
 
     name: str = "drafter"
@@ -201,7 +201,16 @@ class Drafter:
         raise NotImplementedError(f"{type(self).__name__} does not propose")
 
     def observe(self, context: Sequence[int], result: VerifyResult) -> None:
-        """Learn from a verification (context before the commit)."""
+        """Learn from a verification (context before the commit), all of it now."""
+
+    def observe_split(self, context: Sequence[int], result: VerifyResult) -> Callable[[], None] | None:
+        """`observe` in two parts, as the loop calls it (decoder/loop.py): what the next propose must read is
+        learnt now; the rest is returned as a callable, which the loop runs after the next pass's launch,
+        beside its verify, and before the propose after it (None: nothing left). The next propose then drafts
+        without that rest; a drafter that defers keeps its drafts independent of where the rest runs. The
+        default defers nothing."""
+        self.observe(context, result)
+        return None
 
     def add_trace(self, output: Sequence[int], prompt_hash: Hashable | None = None,
                   hidden: np.ndarray | None = None) -> None:

@@ -6,9 +6,18 @@ One request (`speculate`), as gpt-fast's `speculative_decode` reads:
     verifier.start(prompt); drafter.begin_request(prompt)           (prefill_s)
     until the verifier says stop:
         draft = drafter.propose(context, nodes)                       (draft_s, measurement-only work left out)
-        result = verifier.verify(context, draft)                      (verify_s: accepted path + bonus, cut at a stop)
-        drafter.observe(context, result); verifier.advance(result)    (update_s)
-        context += result.committed
+        result = verifier.verify(context, draft, beside)              (verify_s: accepted path + bonus, cut at a stop)
+        later = drafter.observe_split(context, result)                (update_s, with verifier.advance)
+        verifier.advance(result); context += result.committed
+    later()                                                           (the last pass's bookkeeping: its update_s)
+
+Drafting beside the verify: `observe_split` learns now what the next propose reads (the context, the key's
+query state, the gate) and hands back the rest (calibration labels, the adjacency update, the ring buffer:
+decoder/draft.py `Drafter.observe_split`). That rest and the pass's record are `beside`, the host work the next
+verify runs while it verifies where the verifier overlaps (`Verifier.overlaps`: the live verifiers run it on a
+helper thread while the model's forward runs), and before it where it does not (`beside_s`, then apart from
+`verify_s`). The next propose therefore drafts without the previous pass's bookkeeping in every verifier alike
+(live, eager or graph, overlapped or not, and replay): the passes do not depend on where the bookkeeping ran.
 
 A `Verifier` is what decides acceptance: the model's tree-masked greedy forward (decoder/verify/engine.py
 `ModelVerifier`), the stored greedy trace (decoder/replay/traces.py `TraceVerifier`), and next a serving
@@ -43,9 +52,12 @@ class Cycle:
     committed: int  # tokens appended to the output (accepted + bonus, cut at a stop)
     sources: list[str]  # per accepted (committed) node: its sources joined by "|", sorted (e.g. "adjacency|sam")
     draft_s: float
-    verify_s: float  # forward, readback, acceptance and the stop check
-    update_s: float  # cache compaction and drafter.observe
+    verify_s: float  # forward, readback, acceptance and the stop check (overlapped: the beside work ran within it)
+    update_s: float  # cache compaction and the drafter's observation of what the next propose reads
     node_sources: dict[str, int] = field(default_factory=dict)  # drafted nodes per source
+    # the previous pass's deferred bookkeeping and record, run beside this pass's verify (decoder/draft.py
+    # observe_split): off the critical path where the verifier overlaps, on it (added to the pass) where not
+    beside_s: float = 0.0
 
 
 @dataclass
@@ -76,18 +88,36 @@ class Verifier(Protocol):
     vocab_size: int  # draft token ids must lie below it
     timed: bool  # whether verify's wall time is the model's (live); replay records 0 (a profile estimates it)
     stop_reason: str | None  # why the request stopped; None while it goes on
+    overlaps: bool  # whether `beside` runs while the verify does (else: before it)
 
     def start(self, prompt: Sequence[int]) -> None:
         """Before the first pass (live: prefill the cache)."""
         ...
 
-    def verify(self, context: Sequence[int], draft: Draft) -> VerifyResult:
-        """The accepted root path and the bonus; `committed` is cut where decoding stops (`stop_reason`)."""
+    def verify(self, context: Sequence[int], draft: Draft, beside: Callable[[], None] | None = None) -> VerifyResult:
+        """The accepted root path and the bonus; `committed` is cut where decoding stops (`stop_reason`). `beside`,
+        host work that does not touch the verifier, has run when verify returns."""
         ...
 
     def advance(self, result: VerifyResult) -> None:
         """After the drafter observed `result`, before the context grows (live: compact the cache)."""
         ...
+
+
+class Beside:
+    """The previous pass's deferred bookkeeping (`Drafter.observe_split`'s rest) and its record: what the next
+    verify runs beside it. `seconds`: how long it took."""
+
+    def __init__(self, later: Callable[[], None] | None, record: tuple | None, cycles: list[Cycle]) -> None:
+        self.later, self.record, self.cycles, self.seconds = later, record, cycles, 0.0
+
+    def __call__(self) -> None:
+        t0 = time.perf_counter()
+        if self.later is not None:
+            self.later()
+        if self.record is not None:
+            self.cycles.append(pass_record(*self.record))
+        self.seconds = time.perf_counter() - t0
 
 
 def check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
@@ -102,7 +132,7 @@ def check_draft(draft: Draft, budget: int, vocab_size: int) -> None:
 
 
 def pass_record(draft: Draft, accepted: Sequence[int], kept: int, draft_s: float, verify_s: float,
-                update_s: float) -> Cycle:
+                update_s: float, beside_s: float = 0.0) -> Cycle:
     """One pass as a Cycle (live decoding and replay alike): drafted nodes per source, and the accepted
     nodes that were committed (a stop can cut the accepted path) with their sources."""
     node_sources: dict[str, int] = {}
@@ -111,7 +141,7 @@ def pass_record(draft: Draft, accepted: Sequence[int], kept: int, draft_s: float
             node_sources[name] = node_sources.get(name, 0) + 1
     kept_nodes = accepted[:kept]
     return Cycle(len(draft), len(kept_nodes), kept, ["|".join(sorted(draft.sources[i])) for i in kept_nodes],
-                 draft_s, verify_s, update_s, node_sources)
+                 draft_s, verify_s, update_s, node_sources, beside_s)
 
 
 @dataclass
@@ -136,6 +166,7 @@ def speculate(drafter: Drafter, verifier: Verifier, prompt: Sequence[int], nodes
     prefill_s = time.perf_counter() - t_start
     context = [int(t) for t in prompt]  # prompt + committed tokens
     cycles: list[Cycle] = []
+    beside = Beside(None, None, cycles)
     while verifier.stop_reason is None:
         u0 = drafter.untimed_s
         t0 = time.perf_counter()
@@ -143,14 +174,22 @@ def speculate(drafter: Drafter, verifier: Verifier, prompt: Sequence[int], nodes
         check_draft(draft, nodes, verifier.vocab_size)
         t1 = time.perf_counter()
         t0 += drafter.untimed_s - u0  # measurement-only work (knn_recall shadows) is not drafting time
-        result = verifier.verify(context, draft)
+        result = verifier.verify(context, draft, beside)
         t2 = time.perf_counter()
-        drafter.observe(context, result)
+        later = drafter.observe_split(context, result)
         verifier.advance(result)
         context.extend(result.committed)
         t3 = time.perf_counter()
-        cycles.append(pass_record(draft, result.accepted_nodes, len(result.committed), t1 - t0,
-                                  t2 - t1 if verifier.timed else 0.0, t3 - t2))
+        verify_s = t2 - t1 - (0.0 if verifier.overlaps else beside.seconds) if verifier.timed else 0.0
+        record = (draft, result.accepted_nodes, len(result.committed), t1 - t0, verify_s, t3 - t2, beside.seconds)
+        beside = Beside(later, record, cycles)
+    t0 = time.perf_counter()
+    if beside.later is not None:  # the last pass's bookkeeping: the request ends, nothing to run beside
+        beside.later()
+    if beside.record is not None:  # on the critical path: it counts as the last pass's update
+        draft, accepted, kept, draft_s, verify_s, update_s, beside_s = beside.record
+        cycles.append(pass_record(draft, accepted, kept, draft_s, verify_s, update_s + time.perf_counter() - t0,
+                                  beside_s))
     seconds = time.perf_counter() - t_start - (drafter.untimed_s - untimed0)
     return Speculation(cycles, verifier.stop_reason, prefill_s, seconds)
 

@@ -23,7 +23,7 @@ from tests.conftest import STORY_PROMPTS, capture_story_store
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TIMED_COLUMNS = ("draft_s", "verify_s", "update_s")  # cycles.parquet: measured per pass
+TIMED_COLUMNS = ("draft_s", "verify_s", "update_s", "beside_s")  # cycles.parquet: measured per pass
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,9 @@ arms' trees (size auto, decoder/drafters/sizing.py) when the harness itself deco
   flat   every node costs the same: the whole candidate tree is verified (the fixed budget's tree);
   auto   (the default) this machine's harness profile for the model, device and dtype (decoder/cost/profile.py
          `measure_profile`, the verify forward the eager verifier runs), read from runs/profiles/<model>-<device>.json
-         when it covers the run, else measured once before any timing, with the loaded model, and written there;
+         when it covers the run (its contexts, shortest to longest, and its node budget), else measured once before
+         any timing, with the loaded model, and written there; a profile short only of some contexts has just
+         those measured and merged in (`merge_profiles`), so it grows to cover every benchmark served;
   PATH   a harness profile file; one measured for another model, dtype or device, or by vLLM, is refused.
 
 Each verifier has its own profile: the eager one's (`<model>-<device>.json`) and the graph verifier's
@@ -57,9 +59,34 @@ def _fits(cost, lm, contexts: Sequence[int], nodes: int, verifier: str) -> str |
         return f"was measured in {meta.get('dtype')} on {meta.get('device')}"
     if cost.nodes_range()[1] < nodes:
         return f"was measured up to {cost.nodes_range()[1]} draft nodes, not {nodes}"
-    if cost.contexts_range()[1] < max(contexts):
-        return f"was measured at contexts up to {cost.contexts_range()[1]}, not {max(contexts)}"
+    lo, hi = cost.contexts_range()
+    if lo > min(contexts) or hi < max(contexts):  # outside its range the cost model clamps: a wrong price
+        return f"was measured at contexts {lo}..{hi}, not {min(contexts)}..{max(contexts)}"
     return None
+
+
+def missing_contexts(cost, contexts: Sequence[int]) -> list[int]:
+    """The run's contexts outside the profile's measured range (inside it the cost model interpolates)."""
+    lo, hi = cost.contexts_range()
+    return [c for c in contexts if c < lo or c > hi]
+
+
+def merge_profiles(old: dict, new: dict) -> dict:
+    """`old` with `new`'s contexts added (both measured for the same model, device, dtype, verifier and node grid):
+    the rows by context, `new`'s where both measured one; prefill points by prompt length, likewise. So a cached
+    profile grows to cover every benchmark a machine serves instead of flipping between their ranges."""
+    def by_context(d: dict) -> dict:
+        lo, hi = d.get("verify_s_min", d["verify_s"]), d.get("verify_s_max", d["verify_s"])
+        return {c: (d["verify_s"][i], lo[i], hi[i]) for i, c in enumerate(d["contexts"])}
+
+    rows = {**by_context(old), **by_context(new)}
+    prefill = dict(zip(old["prefill_lengths"], old["prefill_s"]))
+    prefill.update(zip(new["prefill_lengths"], new["prefill_s"]))
+    contexts, lengths = sorted(rows), sorted(prefill)
+    return {**new, "contexts": contexts, "verify_s": [rows[c][0] for c in contexts],
+            "verify_s_min": [rows[c][1] for c in contexts], "verify_s_max": [rows[c][2] for c in contexts],
+            "prefill_lengths": lengths, "prefill_s": [prefill[n] for n in lengths],
+            "merged": [*old.get("merged", []), {"created": old.get("created"), "contexts": old["contexts"]}]}
 
 
 def live_profile_path(out: str, lm, verifier: str) -> Path:
@@ -90,7 +117,7 @@ def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int
                                f"--engine harness --model {lm.name}` or give --profile auto")
         return cost, path, f"harness profile {path}"
     path = live_profile_path(out, lm, verifier)
-    why = "is missing"
+    why, old = "is missing", None
     if path.is_file():
         try:
             cost = CostModel.load(path)
@@ -99,11 +126,15 @@ def resolve_live_profile(spec: str, lm, prompt_lens: Sequence[int], max_new: int
             why = f"cannot be read ({e})"
         if why is None:
             return cost, path, f"harness profile {path}"
+        if why.startswith("was measured at contexts") and cost.meta.get("nodes") == live_nodes(nodes):
+            from data.readfile import read_json
+
+            old, contexts = read_json(path, "decoder profile"), missing_contexts(cost, contexts)  # what it lacks
     print(f"note: --profile auto: the harness profile {path} {why}; measuring this machine's verification cost "
-          f"with the {verifier} verifier once (contexts {','.join(map(str, contexts))}, up to {nodes} nodes; untimed)",
-          file=sys.stderr)
+          f"with the {verifier} verifier once (contexts {','.join(map(str, contexts))}, up to {nodes} nodes; "
+          f"{'added to it; ' if old else ''}untimed)", file=sys.stderr)
     d = measure_profile(lm, contexts, live_nodes(nodes), LIVE_REPS, progress, verifier=verifier, graph=graph)
-    atomic_write_json(path, d)
+    atomic_write_json(path, merge_profiles(old, d) if old else d)
     return CostModel.load(path), path, f"harness profile {path} (measured now)"
 
 

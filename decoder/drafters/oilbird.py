@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Hashable, Sequence
+from typing import Callable, Hashable, Sequence
 
 import numpy as np
 
@@ -506,21 +506,25 @@ class OilbirdDrafter(Drafter):
         return lexical
 
     def observe(self, context: Sequence[int], result) -> None:
+        later = self.observe_split(context, result)
+        if later is not None:
+            later()
+
+    def observe_split(self, context: Sequence[int], result) -> Callable[[], None]:
+        """Now what the next propose reads: the accepted count (the calibrator's regime), the key's gate (patience,
+        the key's calibration), the key's query state. Returned, for the loop to run beside the next verify: the
+        calibration labels, the adjacency tables' update and the ring buffer's records (decoder/draft.py
+        `Drafter.observe_split`); the next propose drafts without them, wherever they run."""
         c = self.config
+        labels = None
         if self._cand is not None:  # size auto: the candidates whose parent's next token is now known, labelled
             cand, kept = self._cand, self._kept
             next_token = {ROOT: int(result.argmax[0])}
             for i in result.accepted_nodes:
                 next_token[kept[i]] = int(result.argmax[1 + i])
-            self.calibrator.observe(cand.evidence, cand.probs, self._detail,
-                                    accepted_labels(cand.parents, cand.tokens, next_token), regime_of(self._last_accepted))
+            labels = (cand, self._detail, next_token, regime_of(self._last_accepted))
             self._cand = None
         self._last_accepted = len(result.accepted_nodes)
-        if self.table is not None:
-            self.table.observe(int(context[-1]), result.draft.tokens, result.topk)
-            self._adjacency_memo = None
-        if self.toolspec is not None:
-            self.toolspec.observe(context, result)
         hit = bool(self._bought) and any(i in self._bought for i in result.accepted_nodes)
         self.patience.record(hit)
         if self._bought:
@@ -531,17 +535,32 @@ class OilbirdDrafter(Drafter):
         hidden = result.hidden
         if hidden is None:
             self.h_t = None
-            return
-        # rounded to float16, as the pool keeps its states and the store keeps them: live serving and replay
-        # over the store then ask the key the same query (a similarity at a depth threshold otherwise differs)
-        self.h_t = np.array(hidden[1 + result.accepted_nodes[-1] if result.accepted_nodes else 0], np.float16
-                            ).astype(np.float32)
-        if self._first_state is None:
-            self._first_state = np.array(hidden[0], np.float16).astype(np.float32)
-        if c.rollouts > 0:
-            owner = (self._prompt_hash, self._serial)
-            for row, token, cont in rejected_records(result, c.rollout_depth):
-                self.ring.add(hidden[row], token, cont, owner)
+        else:
+            # rounded to float16, as the pool keeps its states and the store keeps them: live serving and replay
+            # over the store then ask the key the same query (a similarity at a depth threshold otherwise differs)
+            self.h_t = np.array(hidden[1 + result.accepted_nodes[-1] if result.accepted_nodes else 0], np.float16
+                                ).astype(np.float32)
+            if self._first_state is None:
+                self._first_state = np.array(hidden[0], np.float16).astype(np.float32)
+        owner = (self._prompt_hash, self._serial)
+        anchor = int(context[-1])
+        before = list(context) if self.toolspec is not None else None  # the loop extends `context` before later runs
+
+        def later() -> None:
+            if labels is not None:
+                cand, detail, next_token, regime = labels
+                self.calibrator.observe(cand.evidence, cand.probs, detail,
+                                        accepted_labels(cand.parents, cand.tokens, next_token), regime)
+            if self.table is not None:
+                self.table.observe(anchor, result.draft.tokens, result.topk)
+                self._adjacency_memo = None
+            if self.toolspec is not None:
+                self.toolspec.observe(before, result)
+            if hidden is not None and c.rollouts > 0:
+                for row, token, cont in rejected_records(result, c.rollout_depth):
+                    self.ring.add(hidden[row], token, cont, owner)
+
+        return later
 
     # ------------------------------------------------------------ reporting
     def counters(self) -> dict:

@@ -23,12 +23,14 @@ round-1 tokens, and a difference is printed as a warning and recorded (`rounds_i
 `round_mismatches`: [{round, requests}]).
 
   cycles.parquet    one row per verification pass: request, pass, nodes, accepted, committed,
-                    sources (per accepted node, e.g. "adjacency|sam"), draft_s, verify_s, update_s
+                    sources (per accepted node, e.g. "adjacency|sam"), draft_s, verify_s, update_s,
+                    beside_s (the previous pass's deferred bookkeeping, run beside this verify: decoder/loop.py)
   requests.parquet  one row per request: request, id, group, prompt_hash, output_tokens,
                     stop_reason, seconds, prefill_s, pool_s, passes
   summary.json      tau (with a request-bootstrap interval), tokens/s, speedup over this invocation's
                     ar and speedup_vs_fastest_ar (medians over the rounds, see Rounds), time split
-                    and overhead fraction, the lossless audit against ar, the pass
+                    and overhead fraction, `drafting` (the drafter's work on the critical path and beside the
+                    verify, and whether the verifier overlapped: --overlap), the lossless audit against ar, the pass
                     statistics of decoder/verify/passes.py (per-source drafted/accepted tokens, nodes and
                     drafting time per pass); for arms with the semantic key: sole_source_share (the
                     paper's: sole-semantic tokens / all committed tokens) and sole_source_share_of_draft
@@ -84,13 +86,14 @@ from data.store.storeset import open_store_or_set
 from data.versions import library_versions
 from decoder.draft import Drafter, nodes_error
 from decoder.verify.engine import (
+    ModelVerifier,
     check_supported,
     decode_greedy,
     decode_speculative,
     stop_rule,
     verify_tree,
 )
-from decoder.loop import Generation, serve_requests, speculate
+from decoder.loop import Generation, serve_requests
 from decoder.pools import (
     PoolSettings,
     TenantPools,
@@ -110,7 +113,7 @@ from decoder.live.results import (
     write_folder,
 )
 from decoder.cost.live import check_profile_spec, resolve_live_profile
-from decoder.verify.graph import GraphVerifier, capacity_for, check_verifier, resolve_verifier
+from decoder.verify.graph import GraphVerifier, capacity_for, check_verifier, resolve_overlap, resolve_verifier
 
 # what `python -m decoder` and `make bench-decode` serve when --arms is not given: the baselines and
 # Oilbird; the ablations (python -m decoder --help) are opt-in
@@ -143,6 +146,11 @@ class DecodeConfig:
     # --verifier: graph (decoder/verify/graph.py: fixed shapes, compiled), eager (ModelVerifier) or auto (graph on a
     # GPU, eager on a CPU)
     verifier: str = "auto"
+    # --overlap: on, the previous pass's bookkeeping runs on a helper thread while the verify runs (decoder/loop.py,
+    # drafting beside the verify); off, before the verify; auto, on where the model runs on a GPU, off on a CPU
+    # (decoder/verify/graph.py resolve_overlap). The passes are the same either way; an arm written `arm+serial` runs
+    # with it off beside arms with it on
+    overlap: str = "auto"
     # --profile: what sizes the cost-aware arms' trees (decoder/cost/live.py): auto (this machine's harness profile,
     # measured once and cached), flat (the whole candidate tree) or a profile file. The library default is flat, so
     # that a run's trees do not depend on timing; `python -m decoder` defaults to auto.
@@ -188,11 +196,13 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
     library = library_drafters()
     for a in names:
         base, kind = split_verifier(a)
-        if kind is not None:  # `arm+graph` / `arm+eager`: the arm through that verifier (both in one run)
+        if kind is not None or serial_arm(a):  # `arm+graph` / `arm+eager` / `arm+serial`: one arm, several ways
             if base in (REFERENCE_ARM, STATIC_ARM):
-                raise OilbirdError(f"arm '{a}': {base} verifies no draft; +graph and +eager are for drafter arms")
+                raise OilbirdError(f"arm '{a}': {base} verifies no draft; +graph, +eager and +serial are for "
+                                   "drafter arms")
             resolve_arms((base,), factories)
-            factories[a] = lambda lm, cfg, f=factories[base], k=kind: f(lm, dataclasses.replace(cfg, verifier=k))
+            factories[a] = lambda lm, cfg, f=factories[base], k=kind: f(
+                lm, dataclasses.replace(cfg, verifier=k or cfg.verifier))
             continue
         if a in known:
             continue
@@ -209,15 +219,23 @@ def resolve_arms(requested: tuple[str, ...], factories: dict[str, ArmFactory]) -
 
 
 VERIFIER_SUFFIXES = ("+graph", "+eager")
+SERIAL_SUFFIX = "+serial"
 
 
 def split_verifier(arm: str) -> tuple[str, str | None]:
     """`oilbird+graph` -> ("oilbird", "graph"): an arm written with the verifier it runs through (bench-decode
-    serves oilbird through both, side by side); a plain name -> (name, None): the run's --verifier."""
+    serves oilbird through both, side by side); a plain name -> (name, None): the run's --verifier. A trailing
+    `+serial` (`serial_arm`) is not part of the base: `oilbird+graph+serial` -> ("oilbird", "graph")."""
+    arm = arm.removesuffix(SERIAL_SUFFIX)
     for suffix in VERIFIER_SUFFIXES:
         if arm.endswith(suffix):
             return arm[:-len(suffix)], suffix[1:]
     return arm, None
+
+
+def serial_arm(arm: str) -> bool:
+    """`arm+serial` (after any +graph/+eager): the arm with the bookkeeping before each verify, not beside it."""
+    return arm.endswith(SERIAL_SUFFIX)
 
 
 def load_warm_pool(path: str, lm: LoadedModel) -> list[tuple[list[int], list[int], np.ndarray, str]]:
@@ -262,6 +280,11 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         warm_s = time.perf_counter() - t0
     bar = tqdm(total=len(prompts), unit="req", desc=progress_desc, disable=not cfg.progress, dynamic_ncols=True)
     tap = LayerTap(lm.model, lm.layer) if pools is not None and graph is None else None
+    overlap = resolve_overlap(cfg.overlap, lm.device) and not serial_arm(name)
+    verifier = graph
+    if pools is not None:
+        verifier = verifier or ModelVerifier(lm, tap, stop)
+        verifier.set_overlap(overlap)
     totals = {"tokens": 0, "passes": 0, "seconds": 0.0}
 
     def decode(r: int, drafter: Drafter | None) -> Generation:
@@ -271,9 +294,7 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
             return static.decode(prompts[r])
         if drafter is None:
             return decode_greedy(lm, prompts[r], stop)
-        if graph is not None:  # built with the run's stop rule (prepare_serving)
-            return graph.generation(speculate(drafter, graph, prompts[r], cfg.nodes))
-        return decode_speculative(lm, tap, prompts[r], drafter, stop, cfg.nodes)
+        return decode_speculative(lm, tap, prompts[r], drafter, stop, cfg.nodes, verifier)  # graph: the run's stop rule
 
     def show(g: Generation, pool_s: float) -> None:
         totals["tokens"] += len(g.tokens)
@@ -290,9 +311,13 @@ def serve_arm(name: str, lm: LoadedModel, prompts: list[list[int]], cfg: DecodeC
         bar.close()
         if tap is not None:
             tap.close()
+        if verifier is not None and verifier is not graph:
+            verifier.close()
     stats = pools.counters() if pools is not None else None
-    return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None,
-                  graph.describe(before) if graph is not None and pools is not None else None)
+    described = None
+    if pools is not None:
+        described = {**(graph.describe(before) if graph is not None else {"kind": "eager"}), "overlap": overlap}
+    return ArmRun(name, gens, pool_s, warm_s, stats, pools.summary() if pools is not None else None, described)
 
 
 @dataclass
@@ -338,6 +363,7 @@ def prepare_serving(cfg: DecodeConfig, lm: LoadedModel | None,
     if cfg.rounds < 1:
         raise OilbirdError(f"--rounds must be at least 1 (got {cfg.rounds})")
     check_verifier(cfg.verifier)
+    resolve_overlap(cfg.overlap, "cpu")  # a bad value: one line, before the model loads
     check_profile_spec(cfg.profile)
     info = get_benchmark(cfg.bench)
     factories = {**library_drafters(), **(extra_arms or {})}

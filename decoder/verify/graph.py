@@ -225,6 +225,7 @@ class GraphVerifier(ModelVerifier):
 
     def close(self) -> None:
         self._hook.remove()
+        super().close()
 
     def describe(self, since: GraphStats | None = None) -> dict:
         """summary.json's `verifier` block: the compiles and recompiles of the whole run so far (the verifier is
@@ -344,7 +345,7 @@ class GraphVerifier(ModelVerifier):
         self.begin(prompt)
         self._past_len = n
 
-    def verify(self, context: Sequence[int], draft: Draft) -> VerifyResult:
+    def verify_pass(self, context: Sequence[int], draft: Draft) -> VerifyResult:
         past_len = len(context) - 1
         if past_len != self._past_len:
             raise RuntimeError(f"graph verifier: context of {past_len + 1} tokens, cache of {self._past_len}")
@@ -403,3 +404,12 @@ def resolve_verifier(kind: str, device: torch.device | str) -> str:
     if kind == "auto":
         return "graph" if torch.device(device).type == "cuda" else "eager"
     return kind
+
+
+def resolve_overlap(overlap: str, device: torch.device | str) -> bool:
+    """--overlap: on, off, or auto (on where the model runs on a GPU, whose host thread otherwise waits on the device;
+    off on a CPU, where the forward and the host share the cores: beside work of about 0.2 ms a pass, and a helper
+    thread's hand-off costing as much, measured no gain on this 2-core CPU: docs/decoder.md)."""
+    if overlap not in ("on", "off", "auto"):
+        raise OilbirdError(f"--overlap must be on, off or auto (got {overlap!r})")
+    return overlap == "on" or (overlap == "auto" and torch.device(device).type == "cuda")
