@@ -21,10 +21,9 @@ import argparse
 import sys
 
 from bench_decode import (  # benchmarks/ is on sys.path
-    SPEED_HEADS,
     add_serve_args,
+    lead_columns,
     serve,
-    speed_columns,
     speed_notes,
 )
 
@@ -41,19 +40,14 @@ def _pct(x) -> str:
 
 
 def table(rows: list[dict]) -> str:
-    width = max([10, *(len(s["arm"]) for s in rows)])
-    cols, w = speed_columns(rows)
-    head = (f"{'bench':<8} {'arm':<{width}} {'req':>4} {'tokens':>7} {'tau':>6} {SPEED_HEADS[0]:>{w[0]}} "
-            f"{SPEED_HEADS[1]:>{w[1]}} {SPEED_HEADS[2]:>{w[2]}} "
-            f"{'sole':>7} {'retrieval':>9} {'overhead':>8} {'B/token':>8} {'lossless':>9}")
+    head, leads = lead_columns(rows)
+    head += f" {'sole':>7} {'retrieval':>9} {'overhead':>8} {'B/token':>8} {'lossless':>9}"
     lines = [head, "-" * len(head)]
-    for s, (tok, speedup, fastest) in zip(rows, cols):
+    for s, lead in zip(rows, leads):
         audit = s["lossless"]
         share = s.get("sole_source_share")
         bpt = s.get("store_bytes_per_token")
-        lines.append(f"{s['bench']:<8} {s['arm']:<{width}} {s['requests']:>4} {s['generated_tokens']:>7} "
-                     f"{s['tau']:>6.2f} {tok:>{w[0]}} {speedup:>{w[1]}} {fastest:>{w[2]}} "
-                     f"{_pct(share and share['value'])} {_pct(s.get('retrieval_fraction')):>9} "
+        lines.append(f"{lead} {_pct(share and share['value'])} {_pct(s.get('retrieval_fraction')):>9} "
                      f"{_pct(s['overhead_fraction']):>8} {(f'{bpt:.0f}' if bpt else '-'):>8} "
                      f"{audit['matched']:>4}/{audit['requests']:<4}")
     return "\n".join(lines + speed_notes(rows))
