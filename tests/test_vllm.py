@@ -278,16 +278,14 @@ def test_sampled_requests_through_oilbird_have_vllm_s_distribution(served):
 
 def test_vllm_cpu_sampled_speculation_is_biased_for_its_own_suffix_too(served):
     """What the xfail above rests on: vLLM's own `suffix` method (ArcticInference), served the same 800 sampled
-    requests, skews the tokens the same way on this build (p < 0.001 / 3 at some position, the most frequent
-    token more frequent than without speculation), so the skew is the engine's, not Oilbird's drafts'. When this
-    fails, vLLM's CPU rejection sampler keeps the distribution: remove the xfail above."""
-    base, suffix, ours = (served[a]["sampled"] for a in ("vllm-greedy", "vllm-suffix", "oilbird"))
+    requests, skews the tokens too on this build (p < 0.001 / 3 at some position), so the skew is the engine's, not
+    Oilbird's drafts'. When this fails, vLLM's CPU rejection sampler keeps the distribution: remove the xfail above.
+    The skew's direction is not fixed: most runs made the most frequent token more frequent than without
+    speculation, and a fresh-clone CI run (2026-12-02) less (388 of 800 against 432), so only the test of
+    homogeneity is asserted."""
+    base, suffix = (served[a]["sampled"] for a in ("vllm-greedy", "vllm-suffix"))
     assert suffix["spec"]["num_drafts"] > 0
     assert min(p for _, _, _, p in _homogeneity(base, suffix)) < THRESHOLD
-    for other in (suffix, ours):
-        a = [o[1] for o in base["outputs"]]
-        mode = max(set(a), key=a.count)
-        assert sum(o[1] == mode for o in other["outputs"]) > a.count(mode)
 
 
 def test_the_cost_aware_chain_in_vllm_is_greedy_token_for_token(served, tiny_llama64):
